@@ -1,0 +1,40 @@
+# Two entry points (see README): `make quickstart` and `make test`. Both create .venv on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export MPLBACKEND := Agg
+
+.PHONY: quickstart test test-fast lint format bench venv clean
+
+venv: $(STAMP)
+
+# Re-install only when the declared or pinned dependencies change.
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	touch $(STAMP)
+
+quickstart: $(STAMP)
+	$(BIN)/python -m calibtune.demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# The full suite, slow tests included (CI runs exactly this).
+test: lint
+	$(BIN)/python -m pytest -q --timeout=900
+
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
+
+bench: $(STAMP)
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,67 @@
+"""Binning shared by every metric, the AdaFocal controller and post-hoc fitting.
+
+Two conventions, each implemented once:
+
+* equal-width: ``n_bins`` bins ``(lo, hi]`` on [0, 1] with edges ``torch.linspace(0, 1, n_bins+1)``
+  (the edges of the focal_calibration code); a confidence of exactly 0 falls in the first bin.
+* equal-mass: sort ascending (stable), split the sorted positions into ``n_bins`` contiguous
+  groups whose sizes differ by at most one, larger groups first — the sizes of
+  ``numpy.array_split``. Every sample belongs to exactly one group.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def equal_width_edges(n_bins: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Edges (n_bins+1,) of the equal-width bins on [0, 1]."""
+    return torch.linspace(0.0, 1.0, n_bins + 1, dtype=dtype, device=device)
+
+
+def equal_width_ids(values: torch.Tensor, n_bins: int) -> torch.Tensor:
+    """Bin index in ``[0, n_bins)`` of every value for bins ``(lo, hi]``; 0 maps to bin 0.
+
+    Shapes: ``values`` any shape, returns the same shape (int64).
+    """
+    edges = equal_width_edges(n_bins, values.dtype, values.device)
+    # bucketize(right=False) returns i with edges[i-1] < v <= edges[i] over the inner edges.
+    return torch.bucketize(values, edges[1:-1], right=False)
+
+
+def equal_mass_sizes(n: int, n_bins: int) -> list[int]:
+    """Group sizes of ``numpy.array_split(range(n), n_bins)``: larger groups first."""
+    q, r = divmod(n, n_bins)
+    return [q + 1] * r + [q] * (n_bins - r)
+
+
+def equal_mass_ids(n: int, n_bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Group index (n,) of each *sorted* position for the equal-mass split."""
+    sizes = torch.tensor(equal_mass_sizes(n, n_bins), device=device)
+    return torch.repeat_interleave(torch.arange(n_bins, device=device), sizes, output_size=n)
+
+
+def equal_mass_sort(values: torch.Tensor, n_bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stable ascending sort of ``values`` (N,) and the group id (N,) of each *original* sample."""
+    order = torch.sort(values, stable=True).indices
+    ids = torch.empty_like(order)
+    ids[order] = equal_mass_ids(values.numel(), n_bins, values.device)
+    return order, ids
+
+
+def bin_stats(
+    ids: torch.Tensor, conf: torch.Tensor, correct: torch.Tensor, n_bins: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-bin count, confidence sum and accuracy sum, each (n_bins,) in ``conf``'s dtype."""
+    dtype = conf.dtype
+    count = torch.zeros(n_bins, dtype=dtype, device=conf.device)
+    count.index_add_(0, ids, torch.ones_like(conf))
+    conf_sum = torch.zeros_like(count).index_add_(0, ids, conf)
+    acc_sum = torch.zeros_like(count).index_add_(0, ids, correct.to(dtype))
+    return count, conf_sum, acc_sum
+
+
+def binned_gap(count: torch.Tensor, conf_sum: torch.Tensor, acc_sum: torch.Tensor) -> torch.Tensor:
+    """Σ_b |B_b|/N · |acc_b − conf_b| = Σ_b |acc_sum_b − conf_sum_b| / N, over the last axis."""
+    n = count.sum(-1)
+    return (acc_sum - conf_sum).abs().sum(-1) / n

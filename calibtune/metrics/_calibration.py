@@ -1,0 +1,409 @@
+"""Calibration metrics over class probabilities.
+
+Every function takes ``probs`` (N, K) — probabilities, never logits — and ``labels`` (N,) integer
+class indices, and returns a Python float as a fraction (not a percentage). Computation is
+vectorised torch on the device of ``probs``; bins are assigned in the input dtype (as the
+focal_calibration reference code does) and bin sums are accumulated in float64.
+
+References:
+    Guo et al. 2017, "On Calibration of Modern Neural Networks" (ECE, MCE, reliability diagrams).
+    Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal Loss" (AdaECE, cwECE).
+    Kull et al. 2019, "Beyond temperature scaling" (classwise ECE).
+    Kumar, Liang, Ma 2019, "Verified Uncertainty Calibration" (debiased estimator).
+    Roelofs et al. 2022, "Mitigating Bias in Calibration Error Estimation" (ECE_SWEEP).
+    Błasiok & Nakkiran 2023, "Smooth ECE: Principled Reliability Diagrams via Kernel Smoothing".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import relplot
+import torch
+
+from ._binning import (
+    bin_stats,
+    binned_gap,
+    equal_mass_ids,
+    equal_mass_sizes,
+    equal_width_edges,
+    equal_width_ids,
+)
+from ._validation import (
+    ArrayLike,
+    check_logits_labels,
+    check_n_bins,
+    check_probs_labels,
+)
+
+_F64 = torch.float64
+
+
+def _top_label(p: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-label confidence (N,) in the input dtype and correctness (N,) as bool."""
+    conf, pred = p.max(dim=1)
+    return conf, pred == y
+
+
+class _Prepared:
+    """Quantities shared by several metrics, computed once (see `calibration_report`)."""
+
+    def __init__(self, p: torch.Tensor, y: torch.Tensor) -> None:
+        self.p, self.y = p, y
+        self.conf, self.correct = _top_label(p, y)
+        self.conf64 = self.conf.to(_F64)
+        self.correct64 = self.correct.to(_F64)
+        self._sorted: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(confidences, correctness) in stable ascending-confidence order, float64."""
+        if self._sorted is None:
+            order = torch.sort(self.conf, stable=True).indices
+            self._sorted = (self.conf64[order], self.correct64[order])
+        return self._sorted
+
+
+# -- equal-width top-label ---------------------------------------------------------------
+
+
+def _width_stats(prep: _Prepared, n_bins: int) -> tuple[torch.Tensor, ...]:
+    ids = equal_width_ids(prep.conf, n_bins)
+    return bin_stats(ids, prep.conf64, prep.correct64, n_bins)
+
+
+def _ece(prep: _Prepared, n_bins: int) -> float:
+    return float(binned_gap(*_width_stats(prep, n_bins)))
+
+
+def _mce(prep: _Prepared, n_bins: int) -> float:
+    count, conf_sum, acc_sum = _width_stats(prep, n_bins)
+    nonempty = count > 0
+    gaps = (acc_sum[nonempty] - conf_sum[nonempty]).abs() / count[nonempty]
+    return float(gaps.max())
+
+
+def ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Expected calibration error, top-label, equal-width bins.
+
+    ECE = Σ_b |B_b|/N · |acc_b − conf_b| with bins (lo, hi] on [0, 1]; a confidence of 0 falls in
+    the first bin. Shapes: probs (N, K), labels (N,). Guo et al. 2017; Mukhoti et al. 2020.
+    """
+    p, y = check_probs_labels(probs, labels, n_bins)
+    return _ece(_Prepared(p, y), n_bins)
+
+
+def mce(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Maximum calibration error: max over non-empty equal-width bins of |acc_b − conf_b|."""
+    p, y = check_probs_labels(probs, labels, n_bins)
+    return _mce(_Prepared(p, y), n_bins)
+
+
+# -- equal-mass top-label ----------------------------------------------------------------
+
+
+def _adaece(prep: _Prepared, n_bins: int) -> float:
+    conf, correct = prep.sorted
+    ids = equal_mass_ids(conf.numel(), n_bins, conf.device)
+    return float(binned_gap(*bin_stats(ids, conf, correct, n_bins)))
+
+
+def adaece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Adaptive (equal-mass) ECE.
+
+    Confidences are sorted ascending (stable) and split into ``n_bins`` contiguous groups whose
+    sizes differ by at most one, larger groups first (``numpy.array_split`` sizes); every sample is
+    counted exactly once (unlike the focal_calibration reference, which drops the minimum).
+    AdaECE = Σ_g |G_g|/N · |acc_g − conf_g|. Mukhoti et al. 2020, "Calibrating Deep Neural
+    Networks using Focal Loss" (ECE_EM in Ghosh et al. 2022).
+    """
+    p, y = check_probs_labels(probs, labels, n_bins)
+    return _adaece(_Prepared(p, y), n_bins)
+
+
+# -- classwise ---------------------------------------------------------------------------
+
+
+def _classwise_ece(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> float:
+    n, k = p.shape
+    offset = n_bins * torch.arange(k, device=p.device)
+    ids = (equal_width_ids(p, n_bins) + offset).reshape(-1)
+    conf_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
+    conf_sum.index_add_(0, ids, p.reshape(-1).to(_F64))
+    # 1{y = k} is non-zero only at (n, y_n): N entries instead of N·K
+    hit = ids.view(n, k).gather(1, y[:, None]).squeeze(1)
+    acc_sum = torch.zeros_like(conf_sum).index_add_(
+        0, hit, torch.ones(n, dtype=_F64, device=p.device)
+    )
+    return float((acc_sum - conf_sum).abs().sum() / (n * k))
+
+
+def classwise_ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Classwise ECE: mean over the K classes of the equal-width ECE of p[:, k] against 1{y = k}.
+
+    cwECE = 1/K Σ_k Σ_b |B_kb|/N · |mean_{B_kb} 1{y=k} − mean_{B_kb} p_k|, bins (lo, hi] on p[:, k].
+    K is ``probs.shape[1]`` (never inferred from the labels). Kull et al. 2019; reported ×100 in
+    Mukhoti et al. 2020 and Ghosh et al. 2022.
+    """
+    p, y = check_probs_labels(probs, labels, n_bins)
+    return _classwise_ece(p, y, n_bins)
+
+
+# -- proper scores and error -------------------------------------------------------------
+
+
+def _nll_from_probs(prep: _Prepared) -> float:
+    py = prep.p.gather(1, prep.y[:, None]).squeeze(1).to(_F64)
+    # probabilities that underflowed to 0 would give inf; clamp at the dtype's smallest normal.
+    return float(-torch.log(py.clamp_min(torch.finfo(prep.p.dtype).tiny)).mean())
+
+
+def _brier(prep: _Prepared) -> float:
+    p = prep.p.to(_F64)
+    # Σ_k (p_k − y_k)² = Σ_k p_k² − 2 p_y + 1
+    sq = torch.linalg.vecdot(p, p) - 2 * p.gather(1, prep.y[:, None]).squeeze(1) + 1
+    return float(sq.mean())
+
+
+def nll(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Mean negative log-likelihood −1/N Σ log p_{n, y_n} (p_y clamped at the dtype's tiny)."""
+    p, y = check_probs_labels(probs, labels)
+    return _nll_from_probs(_Prepared(p, y))
+
+
+def brier(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Multiclass Brier score 1/N Σ_n Σ_k (p_nk − 1{y_n = k})² (range [0, 2])."""
+    p, y = check_probs_labels(probs, labels)
+    return _brier(_Prepared(p, y))
+
+
+def error(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Top-1 error: fraction of samples with argmax_k p_k ≠ y (first maximum on ties)."""
+    p, y = check_probs_labels(probs, labels)
+    return float(1.0 - _Prepared(p, y).correct64.mean())
+
+
+# -- debiased, sweep and smooth estimators -----------------------------------------------
+
+
+def _ece_debiased(prep: _Prepared, n_bins: int) -> float:
+    conf, correct = prep.sorted
+    n = conf.numel()
+    b = min(n_bins, n)
+    # Bins of Kumar et al.'s `get_equal_bins`: boundaries halfway between consecutive equal-mass
+    # groups, duplicates merged, a sample on a boundary goes to the lower bin.
+    sizes = torch.tensor(equal_mass_sizes(n, b), device=conf.device)
+    last = torch.cumsum(sizes, 0)[:-1]
+    bounds = torch.unique((conf[last - 1] + conf[last]) / 2)
+    ids = torch.bucketize(conf, bounds, right=False)
+    count, conf_sum, acc_sum = bin_stats(ids, conf, correct, bounds.numel() + 1)
+    safe = count.clamp_min(1)
+    acc = acc_sum / safe
+    biased = (conf_sum / safe - acc).square()
+    variance = acc * (1 - acc) / (count - 1).clamp_min(1)
+    per_bin = torch.where(count >= 2, biased - variance, torch.zeros_like(biased))
+    return float((count / n * per_bin).sum().clamp_min(0).sqrt())
+
+
+def ece_debiased(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+    """Debiased L2 top-label calibration error of Kumar, Liang & Ma 2019 (ECE_DEBIAS).
+
+    With equal-mass bins B_b (boundaries midway between the ``array_split`` groups of the sorted
+    confidences, as in the authors' `uncertainty-calibration` package):
+    ECE_DEBIAS = sqrt(max(0, Σ_b |B_b|/N · [(conf_b − acc_b)² − acc_b(1 − acc_b)/(|B_b| − 1)])),
+    bins with fewer than two samples contributing 0. Equals
+    ``calibration.lower_bound_scaling_ce(probs, labels, p=2, debias=True, num_bins=n_bins,
+    binning_scheme=get_equal_bins, mode="top-label")``. Cited in Ghosh et al. 2022, App. F.
+    """
+    p, y = check_probs_labels(probs, labels, n_bins)
+    return _ece_debiased(_Prepared(p, y), n_bins)
+
+
+def _sweep_errors(
+    cum_conf: torch.Tensor, cum_acc: torch.Tensor, counts: torch.Tensor, p: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each candidate bin count b in ``counts`` (C,): monotone flag (C,) and ECE_p (C,)."""
+    n = cum_conf.numel() - 1
+    device = cum_conf.device
+    seg = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
+    j = torch.arange(seg.numel(), device=device) - torch.repeat_interleave(
+        torch.cumsum(counts, 0) - counts, counts
+    )
+    b = counts[seg]
+    q, r = n // b, n % b
+    start = j * q + torch.minimum(j, r)
+    end = start + q + (j < r).long()
+    size = (end - start).to(_F64)
+    acc_sum = cum_acc[end] - cum_acc[start]
+    conf_sum = cum_conf[end] - cum_conf[start]
+    acc = acc_sum / size
+    gap = ((acc_sum - conf_sum).abs() / size).pow(p) * size / n
+    ece_p = torch.zeros(counts.numel(), dtype=_F64, device=device).index_add_(0, seg, gap)
+    # a decrease between consecutive bins of the same b breaks monotonicity
+    drop = (acc[1:] < acc[:-1]) & (seg[1:] == seg[:-1])
+    broken = torch.zeros(counts.numel(), dtype=torch.bool, device=device)
+    broken[seg[1:][drop]] = True
+    return ~broken, ece_p.pow(1.0 / p)
+
+
+def _ece_sweep(prep: _Prepared, p: float = 1.0) -> float:
+    conf, correct = prep.sorted
+    n = conf.numel()
+    zero = torch.zeros(1, dtype=_F64, device=conf.device)
+    cum_conf = torch.cat([zero, torch.cumsum(conf, 0)])
+    cum_acc = torch.cat([zero, torch.cumsum(correct, 0)])
+    best = None
+    lo, width = 1, 64
+    while lo <= n:
+        counts = torch.arange(lo, min(n, lo + width - 1) + 1, device=conf.device)
+        monotone, errs = _sweep_errors(cum_conf, cum_acc, counts, p)
+        if not bool(monotone.all()):
+            first_bad = int((~monotone).nonzero()[0, 0])
+            if first_bad > 0:
+                best = errs[first_bad - 1]
+            break
+        best = errs[-1]
+        lo, width = lo + counts.numel(), width * 2
+    assert best is not None  # b = 1 is always monotone
+    return float(best)
+
+
+def ece_sweep(probs: ArrayLike, labels: ArrayLike, p: float = 1.0) -> float:
+    """Monotonic-sweep ECE with equal-mass bins (Roelofs et al. 2022; ECE_SWEEP in Ghosh et al.).
+
+    The number of bins b* is the largest b (sweeping b = 1, 2, … and stopping at the first b whose
+    equal-mass bin accuracies are not non-decreasing in confidence) and
+    ECE_SWEEP = (Σ_b |B_b|/N · |acc_b − conf_b|^p)^{1/p} at b*. Groups follow ``adaece``
+    (``array_split`` sizes of the stably sorted confidences). ``p=1`` (default) is comparable with
+    ECE; Roelofs et al. also use ``p=2``.
+    """
+    pr, y = check_probs_labels(probs, labels)
+    if not (isinstance(p, (int, float)) and p >= 1):
+        raise ValueError(f"p: expected a number >= 1, got {p!r}")
+    return _ece_sweep(_Prepared(pr, y), float(p))
+
+
+def _smece(prep: _Prepared) -> float:
+    f = prep.conf64.cpu().numpy()
+    y = prep.correct64.cpu().numpy()
+    return float(relplot.smECE(f, y))
+
+
+def smece(probs: ArrayLike, labels: ArrayLike) -> float:
+    """Smooth ECE (smECE) of the top-label confidence, computed by the authors' `relplot` package.
+
+    smECE(f, y) = Σ over a kernel-smoothed residual r̂_σ(t) = E[y − f | f ≈ t] weighted by the
+    smoothed density, with σ the fixed point σ = smECE_σ (Błasiok & Nakkiran 2023; used as smCE in
+    the Focal Calibration Loss paper). Here f = max_k p_k and y = 1{argmax = label}.
+    """
+    p, y = check_probs_labels(probs, labels)
+    return _smece(_Prepared(p, y))
+
+
+# -- reliability table and report ---------------------------------------------------------
+
+
+def reliability_table(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, binning: str = "width"
+) -> dict[str, np.ndarray]:
+    """Per-bin data behind reliability diagrams and AdaFocal's validation bins.
+
+    Returns arrays of length ``n_bins``: ``count``, ``lower``, ``upper`` (bin edges), ``conf``
+    (mean confidence), ``acc`` (accuracy) and ``gap`` = conf − acc (signed; positive means
+    over-confident). Empty bins have count 0 and NaN conf/acc/gap.
+    ``binning="width"``: equal-width (lo, hi] bins. ``binning="mass"``: the ``adaece`` groups;
+    group b spans [smallest confidence in b, smallest confidence in b+1), the first starting at 0
+    and the last ending at 1 (the edges AdaFocal bins training samples with).
+    """
+    p, y = check_probs_labels(probs, labels, n_bins)
+    if binning not in ("width", "mass"):
+        raise ValueError(f"binning: expected 'width' or 'mass', got {binning!r}")
+    prep = _Prepared(p, y)
+    if binning == "width":
+        count, conf_sum, acc_sum = _width_stats(prep, n_bins)
+        edges = equal_width_edges(n_bins, _F64, p.device)
+        lower, upper = edges[:-1], edges[1:]
+    else:
+        conf, correct = prep.sorted
+        n = conf.numel()
+        ids = equal_mass_ids(n, n_bins, conf.device)
+        count, conf_sum, acc_sum = bin_stats(ids, conf, correct, n_bins)
+        starts = torch.cumsum(torch.tensor([0, *equal_mass_sizes(n, n_bins)]), 0)[:-1]
+        first = conf[starts.clamp_max(n - 1).to(conf.device)]
+        # an empty group (n < n_bins) starts where the next non-empty one does: upper edge 1
+        first = torch.where(count > 0, first, torch.ones_like(first))
+        lower = torch.cat([torch.zeros(1, dtype=_F64, device=conf.device), first[1:]])
+        upper = torch.cat([first[1:], torch.ones(1, dtype=_F64, device=conf.device)])
+    safe = count.clamp_min(1)
+    nan = torch.full_like(count, float("nan"))
+    conf_mean = torch.where(count > 0, conf_sum / safe, nan)
+    acc = torch.where(count > 0, acc_sum / safe, nan)
+    return {
+        "count": count.long().cpu().numpy(),
+        "lower": lower.cpu().numpy(),
+        "upper": upper.cpu().numpy(),
+        "conf": conf_mean.cpu().numpy(),
+        "acc": acc.cpu().numpy(),
+        "gap": (conf_mean - acc).cpu().numpy(),
+    }
+
+
+REPORT_KEYS = (
+    "ece",
+    "adaece",
+    "classwise_ece",
+    "mce",
+    "nll",
+    "brier",
+    "error",
+    "smece",
+    "ece_debiased",
+    "ece_sweep",
+)
+
+
+def calibration_report(
+    logits: ArrayLike | None = None,
+    probs: ArrayLike | None = None,
+    labels: ArrayLike | None = None,
+    n_bins: int = 15,
+) -> dict[str, float]:
+    """All calibration metrics in one pass (keys: `REPORT_KEYS`), sharing sorting and binning.
+
+    Give exactly one of ``logits`` (N, K) — then p = softmax(logits) and NLL is computed from
+    ``log_softmax`` exactly — or ``probs`` (N, K). ``labels`` (N,). Values are fractions.
+    """
+    if (logits is None) == (probs is None):
+        raise ValueError(
+            "calibration_report: expected exactly one of logits= or probs=, got "
+            + ("both" if logits is not None else "neither")
+        )
+    if labels is None:
+        raise ValueError("calibration_report: expected labels=, got None")
+    check_n_bins(n_bins)
+    log_p: torch.Tensor | None = None
+    if logits is not None:
+        z, y = check_logits_labels(logits, labels)
+        log_p = torch.log_softmax(z.to(_F64), dim=1)
+        p = log_p.exp()
+    else:
+        p, y = check_probs_labels(probs, labels)
+    prep = _Prepared(p, y)
+    out: dict[str, Any] = {
+        "ece": _ece(prep, n_bins),
+        "adaece": _adaece(prep, n_bins),
+        "classwise_ece": _classwise_ece(p, y, n_bins),
+        "mce": _mce(prep, n_bins),
+        "nll": (
+            float(-log_p.gather(1, y[:, None]).mean())
+            if log_p is not None
+            else _nll_from_probs(prep)
+        ),
+        "brier": _brier(prep),
+        "error": float(1.0 - prep.correct64.mean()),
+        "smece": _smece(prep),
+        "ece_debiased": _ece_debiased(prep, n_bins),
+        "ece_sweep": _ece_sweep(prep),
+    }
+    return out
