@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import relplot
 import torch
 
 from ._binning import (
@@ -285,6 +284,8 @@ def ece_sweep(probs: ArrayLike, labels: ArrayLike, p: float = 1.0) -> float:
 
 
 def _smece(prep: _Prepared) -> float:
+    import relplot  # slow to import (scipy.stats); only smECE needs it
+
     f = prep.conf64.cpu().numpy()
     y = prep.correct64.cpu().numpy()
     return float(relplot.smECE(f, y))

@@ -1,0 +1,172 @@
+"""Forward+backward time of every registered loss vs ``F.cross_entropy``, and AdaFocal's update.
+
+For each (B, K) in (128, 10), (128, 100), (1024, 1000) and each loss of `list_losses()` (default
+hyperparameters; adaptive losses after one update from random validation probabilities, with γ of
+both signs so AdaFocal exercises focal and inverse focal), one *round* times ``n`` iterations of
+``loss(logits, y).backward()`` and ``n`` iterations of ``F.cross_entropy(logits, y).backward()``
+back to back, alternating. The ratio printed is min(loss time) / min(cross-entropy time) over the
+rounds: interference from other processes only ever adds time, so the minima are the cleanest
+estimates; the microseconds are the loss's per-iteration minimum.
+On CPU the clock is the calling thread's CPU time (``time.thread_time``) with one torch thread, so
+other processes on a shared machine do not inflate it; on CUDA it is wall time with synchronisation.
+Target: ratio <= 1.5 for every loss except ``mmce`` (O(B²) kernel, reported only).
+Also times ``AdaFocalLoss.update`` on 5000 × 100 validation probabilities (target <= 20 ms), and,
+for reference, AdaFocal written the way the seed code does it (a Python loop over the samples with
+``.item()`` to look up each γ; re-typed here, not imported) against ours at the same sizes.
+
+Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from calibtune.losses import CalibrationLoss, build_loss, list_losses
+
+SIZES = [(128, 10), (128, 100), (1024, 1000)]
+TARGET = 1.5
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _clock(device: torch.device) -> Callable[[], float]:
+    # single-threaded CPU work runs on this thread: its CPU time ignores other processes' load
+    return time.perf_counter if device.type == "cuda" else time.thread_time
+
+
+def _per_iter(step: Callable[[], None], n: int, device: torch.device) -> float:
+    clock = _clock(device)
+    _sync(device)
+    t0 = clock()
+    for _ in range(n):
+        step()
+    _sync(device)
+    return (clock() - t0) / n
+
+
+def _prepared(name: str, device: torch.device) -> CalibrationLoss:
+    loss = build_loss(name).to(device)
+    if loss.adaptive:
+        g = torch.Generator().manual_seed(0)
+        probs = torch.softmax(3 * torch.randn(2000, 10, generator=g), dim=1)
+        loss.update(probs, torch.randint(0, 10, (2000,), generator=g))
+        if name != "calfocal":
+            loss.gammas[::3].mul_(-0.5)  # a third of the bins on inverse focal
+    return loss
+
+
+def bench_loss(name: str, b: int, k: int, rounds: int, device: torch.device) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(b + k)
+    z = torch.randn(b, k, generator=g).mul_(2).to(device).requires_grad_(True)
+    y = torch.randint(0, k, (b,), generator=g).to(device)
+    loss = _prepared(name, device)
+
+    def run_loss() -> None:
+        z.grad = None
+        loss(z, y).backward()
+
+    def run_ce() -> None:
+        z.grad = None
+        F.cross_entropy(z, y).backward()
+
+    n = min(30, max(2, int(2e5 // (b * k)))) if device.type == "cpu" else 30
+    for fn in (run_loss, run_ce):
+        _per_iter(fn, n, device)  # warm-up
+    t_loss, t_ce = [], []
+    for _ in range(rounds):
+        t_loss.append(_per_iter(run_loss, n, device))
+        t_ce.append(_per_iter(run_ce, n, device))
+    return min(t_loss) / min(t_ce), min(t_loss)
+
+
+def _seed_style_adafocal(
+    logits: torch.Tensor, y: torch.Tensor, gammas: list[float], edges: list[float]
+) -> torch.Tensor:
+    logpt = F.log_softmax(logits, dim=1).gather(1, y[:, None]).view(-1)
+    pt = logpt.exp()
+    gamma_list = []
+    for i in range(pt.shape[0]):
+        p = pt[i].item()
+        b = 0
+        while b < len(edges) and p >= edges[b]:
+            b += 1
+        gamma_list.append(gammas[b])
+    gamma = torch.tensor(gamma_list, device=logits.device)
+    weight = torch.where(gamma >= 0, (1 - pt) ** gamma.abs(), (1 + pt) ** gamma.abs())
+    return (-weight * logpt).mean()
+
+
+def bench_seed_adafocal(b: int, k: int, rounds: int, device: torch.device) -> float:
+    g = torch.Generator().manual_seed(b + k)
+    z = torch.randn(b, k, generator=g).mul_(2).to(device).requires_grad_(True)
+    y = torch.randint(0, k, (b,), generator=g).to(device)
+    ours = _prepared("adafocal", device)
+    gammas, edges = ours.gammas.tolist(), ours.edges.tolist()
+    torch.testing.assert_close(_seed_style_adafocal(z, y, gammas, edges), ours(z, y).float())
+
+    def run(fn: Callable[[], torch.Tensor]) -> Callable[[], None]:
+        def step() -> None:
+            z.grad = None
+            fn().backward()
+
+        return step
+
+    seed = run(lambda: _seed_style_adafocal(z, y, gammas, edges))
+    fused = run(lambda: ours(z, y))
+    t_seed = min(_per_iter(seed, 3, device) for _ in range(max(3, rounds // 5)))
+    t_ours = min(_per_iter(fused, 3, device) for _ in range(max(3, rounds // 5)))
+    return t_seed / t_ours
+
+
+def bench_update(device: torch.device, repeats: int = 20) -> float:
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(3 * torch.randn(5000, 100, generator=g), dim=1).to(device)
+    labels = torch.randint(0, 100, (5000,), generator=g).to(device)
+    loss = build_loss("adafocal").to(device)
+    loss.update(probs, labels)
+    return statistics.median(
+        _per_iter(lambda: loss.update(probs, labels), 1, device) for _ in range(repeats)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--rounds", type=int, default=30)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
+    names = list_losses()
+    header = "| loss | " + " | ".join(f"B={b}, K={k}" for b, k in SIZES) + " |"
+    print(header)
+    print("|---" * (len(SIZES) + 1) + "|")
+    worst: dict[str, float] = {}
+    for name in names:
+        cells = []
+        for b, k in SIZES:
+            ratio, sec = bench_loss(name, b, k, args.rounds, device)
+            worst[name] = max(worst.get(name, 0.0), ratio)
+            cells.append(f"{ratio:.2f}× ({sec * 1e6:.0f} µs)")
+        print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
+    over = [n for n, r in worst.items() if r > TARGET and n != "mmce"]
+    print(f"losses over {TARGET}× somewhere (mmce excluded): {', '.join(over) or 'none'}")
+    seed = [bench_seed_adafocal(b, k, args.rounds, device) for b, k in SIZES]
+    cells = ", ".join(f"{r:.0f}× at B={b}, K={k}" for r, (b, k) in zip(seed, SIZES, strict=True))
+    print(f"seed-style per-sample AdaFocal loop / ours (fwd+bwd): {cells}")
+    ms = bench_update(device) * 1e3
+    print(f"AdaFocal update, 5000 × 100 validation probabilities: {ms:.2f} ms (target <= 20 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""Calibration-aware training losses: one registry, pure functional core, thin module adapters.
+
+``build_loss(name, **params)`` returns an ``nn.Module`` whose ``forward(logits (B, K), targets
+(B,))`` gives the loss averaged over the batch (``reduction="mean"``; the seed papers' code sums,
+so their learning rates assume a sum). ``list_losses()`` names every loss; ``LOSSES`` is the
+`calibtune._registry.Registry` whose entries declare each loss's hyperparameters (defaults, valid
+ranges, ``searchable``). Adaptive losses (``adafocal``, ``adadual_focal``, ``calfocal``) have
+``adaptive = True``, ``update_every``, ``update(val_probs, val_labels)``, ``gammas``, ``edges``,
+``history``, ``state_dict()``/``load_state_dict()`` and ``broadcast_state(src)``.
+The pure functions are in `calibtune.losses.functional`. See docs/losses.md for the table.
+"""
+
+from . import functional
+from ._adafocal import AdaDualFocalLoss, AdaFocalLoss, CalFocalLoss
+from ._base import CalibrationLoss
+from ._flsd import flsd_from_p0
+from ._modules import (
+    BrierLoss,
+    CrossEntropyLoss,
+    DualFocalLoss,
+    FLSDLoss,
+    FocalCalibrationLoss,
+    FocalLoss,
+    InverseFocalLoss,
+    LabelSmoothingLoss,
+    MMCELoss,
+)
+from ._reduce import REDUCTIONS
+from ._registry import LOSSES, build_loss, list_losses
+
+__all__ = [
+    "LOSSES",
+    "REDUCTIONS",
+    "AdaDualFocalLoss",
+    "AdaFocalLoss",
+    "BrierLoss",
+    "CalFocalLoss",
+    "CalibrationLoss",
+    "CrossEntropyLoss",
+    "DualFocalLoss",
+    "FLSDLoss",
+    "FocalCalibrationLoss",
+    "FocalLoss",
+    "InverseFocalLoss",
+    "LabelSmoothingLoss",
+    "MMCELoss",
+    "build_loss",
+    "flsd_from_p0",
+    "functional",
+    "list_losses",
+]

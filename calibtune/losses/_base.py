@@ -1,0 +1,37 @@
+"""Base class of the loss modules: validated hyperparameters + reduction around a pure function."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from ._reduce import check_reduction
+from ._registry import LOSSES
+
+
+class CalibrationLoss(nn.Module):
+    """Thin ``nn.Module`` adapter over one function of `calibtune.losses.functional`.
+
+    Hyperparameters are validated against the registry entry ``name`` at construction, with
+    defaults filled from it (the only place defaults live); ``self.hparams`` holds the resolved
+    values. ``forward(logits (B, K), targets (B,) int64)`` returns the loss reduced by
+    ``reduction`` (``"mean"`` over the batch by default; the seed papers' code sums).
+    ``adaptive`` is True for losses whose state is updated from validation statistics.
+    """
+
+    name: ClassVar[str] = ""
+    adaptive: ClassVar[bool] = False
+
+    def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
+        super().__init__()
+        self.reduction = check_reduction(reduction)
+        self.hparams: dict[str, Any] = LOSSES.get(self.name).resolve(**params)
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        items = [f"{k}={v!r}" for k, v in self.hparams.items()]
+        return ", ".join([*items, f"reduction={self.reduction!r}"])

@@ -1,0 +1,339 @@
+"""Pure loss functions: ``(logits (B, K), targets (B,) int64, hyperparameters, reduction) -> loss``.
+
+Conventions shared by every function here:
+
+* ``log p`` comes from ``log_softmax`` (never ``log(softmax)``) and nothing is clamped: every loss
+  and its gradient are finite for any finite logits, including p_y rounding to exactly 1.
+* ``reduction="mean"`` (default) averages over the batch; ``"sum"`` and ``"none"`` (shape (B,))
+  are also accepted (`calibtune.losses._reduce`). The seed papers' code *sums* over the batch, so
+  their learning rates are per-sample-sum rates: divide by the batch size to reuse them here.
+* Input checks look at shapes and dtypes only (no ``.item()``, no device sync), so they are cheap
+  enough for every training step; hyperparameter ranges are checked with "expected X, got Y".
+* No per-sample Python loops; the γ of sample-dependent losses is chosen by ``torch.bucketize``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ._kernel import Schedule, target_prob_loss
+from ._reduce import check_reduction, reduce_loss
+
+__all__ = [
+    "adadual_focal_loss",
+    "adafocal_loss",
+    "brier_loss",
+    "calfocal_loss",
+    "cross_entropy_loss",
+    "dual_focal_loss",
+    "fcl_loss",
+    "flsd_loss",
+    "focal_loss",
+    "inverse_focal_loss",
+    "label_smoothing_loss",
+    "mmce_loss",
+    "mmce_weighted",
+]
+
+
+def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
+        raise ValueError(f"{fn}: logits: expected a 2-D (B, K) tensor, got {shape}")
+    if not logits.is_floating_point():
+        raise ValueError(
+            f"{fn}: logits: expected a floating-point tensor, got dtype {logits.dtype}"
+        )
+    b, k = logits.shape
+    if b == 0 or k < 2:
+        raise ValueError(f"{fn}: logits: expected B >= 1 samples and K >= 2 classes, got {(b, k)}")
+    if not isinstance(targets, torch.Tensor) or targets.shape != (b,):
+        shape = (
+            tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
+        )
+        raise ValueError(f"{fn}: targets: expected shape ({b},) to match logits, got {shape}")
+    if targets.dtype != torch.long:
+        raise ValueError(
+            f"{fn}: targets: expected int64 class indices, got dtype {targets.dtype} "
+            "(use targets.long())"
+        )
+
+
+def _check_number(value: object, name: str, fn: str, low: float | None = None) -> float:
+    # value == value is False only for NaN
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    if not ok or (low is not None and value < low):  # type: ignore[operator]
+        rule = "a number" if low is None else f"a number in [{low:g}, inf)"
+        raise ValueError(f"{fn}: {name}: expected {rule}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _as_schedule(
+    gammas: torch.Tensor | Sequence[float],
+    edges: torch.Tensor | Sequence[float],
+    fn: str,
+    names: tuple[str, str],
+    logits: torch.Tensor,
+) -> Schedule:
+    """Tensors are used as they are (`Schedule.select` casts them); sequences become tensors."""
+    dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
+    g, e = (
+        x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=logits.device)
+        for x in (gammas, edges)
+    )
+    if g.dim() != 1 or e.dim() != 1 or e.numel() != g.numel() - 1 or g.numel() == 0:
+        raise ValueError(
+            f"{fn}: expected {names[0]} of shape (M,) and {names[1]} of shape (M-1,), got "
+            f"{tuple(g.shape)} and {tuple(e.shape)}"
+        )
+    return Schedule(g, e)
+
+
+# -- p_y-based losses -------------------------------------------------------------------
+
+
+def cross_entropy_loss(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy −log p_y. Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+
+    Delegates to ``F.cross_entropy``, whose ``mean``/``sum``/``none`` are exactly ours (no class
+    weights), so no extra reduction node is added.
+    """
+    _check_inputs(logits, targets, "cross_entropy_loss")
+    return F.cross_entropy(logits, targets, reduction=check_reduction(reduction))
+
+
+def focal_loss(
+    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Focal loss −(1 − p_y)^γ log p_y, γ ≥ 0 (γ = 0 is cross-entropy).
+
+    Lin et al. 2017, "Focal Loss for Dense Object Detection"; Mukhoti et al. 2020 for calibration.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "focal_loss")
+    gamma = _check_number(gamma, "gamma", "focal_loss", low=0.0)
+    return target_prob_loss(logits, targets, gamma, reduction=check_reduction(reduction))
+
+
+def inverse_focal_loss(
+    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Inverse focal loss −(1 + p_y)^γ log p_y, γ ≥ 0 (Ghosh et al. 2022, Eq. 5 with γ < 0).
+
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "inverse_focal_loss")
+    gamma = _check_number(gamma, "gamma", "inverse_focal_loss", low=0.0)
+    return target_prob_loss(logits, targets, -gamma, reduction=check_reduction(reduction))
+
+
+def flsd_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gammas: torch.Tensor | Sequence[float],
+    thresholds: torch.Tensor | Sequence[float],
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Sample-dependent focal loss (FLSD): γ = gammas[b] for p_y ∈ [t_b, t_{b+1}).
+
+    ``thresholds`` (M−1,) ascending in (0, 1) split [0, 1] into M bins; ``gammas`` (M,) ≥ 0.
+    FLSD-53 (Mukhoti et al. 2020, §4): ``gammas=(5, 3), thresholds=(0.2,)``, i.e. γ = 5 for
+    p_y ∈ [0, 0.2) and γ = 3 for p_y ∈ [0.2, 1]. The γ choice carries no gradient. See
+    `flsd_from_p0` for schedules from Proposition 2. Sequences are checked here; tensors only by
+    shape (checking their values would sync the device).
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "flsd_loss")
+    if not isinstance(gammas, torch.Tensor):
+        for g in gammas:
+            _check_number(g, "gammas", "flsd_loss", low=0.0)
+    if not isinstance(thresholds, torch.Tensor):
+        ts = [_check_number(t, "thresholds", "flsd_loss") for t in thresholds]
+        if any(not 0.0 < t < 1.0 for t in ts) or any(a >= b for a, b in itertools.pairwise(ts)):
+            raise ValueError(
+                f"flsd_loss: thresholds: expected strictly increasing values in (0, 1), got {ts}"
+            )
+    sched = _as_schedule(gammas, thresholds, "flsd_loss", ("gammas", "thresholds"), logits)
+    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+
+
+def adafocal_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gammas: torch.Tensor,
+    edges: torch.Tensor,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """AdaFocal loss (Ghosh et al. 2022, Eq. 5) for fixed per-bin γ.
+
+    Sample n falls in validation bin b when p_y ∈ [e_b, e_{b+1}) (``edges`` (M−1,) are the inner
+    edges; the first bin is open below, the last open above). γ_b ≥ 0 gives focal
+    −(1 − p_y)^γ_b log p_y, γ_b < 0 inverse focal −(1 + p_y)^|γ_b| log p_y. ``gammas`` (M,) and
+    ``edges`` come from `AdaFocalLoss` (state updated from validation bins by Algorithm 1).
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "adafocal_loss")
+    sched = _as_schedule(gammas, edges, "adafocal_loss", ("gammas", "edges"), logits)
+    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+
+
+def calfocal_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gammas: torch.Tensor,
+    edges: torch.Tensor,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """CalFocal loss (Ghosh et al. 2022, Eq. 3): focal with γ_b = exp(λ(C_val,b − A_val,b)).
+
+    The binning is `adafocal_loss`'s; ``gammas`` (M,) > 0 come from `calfocal_gammas`.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "calfocal_loss")
+    sched = _as_schedule(gammas, edges, "calfocal_loss", ("gammas", "edges"), logits)
+    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+
+
+def dual_focal_loss(
+    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Dual focal loss −(1 − p_y + p_j)^γ log p_y (Tao et al. 2023, Eq. 3), γ ≥ 0.
+
+    p_j is the largest probability strictly below p_y (0 when there is none, e.g. when y has the
+    smallest probability: then it is plain focal loss); classes tied with p_y are excluded.
+    Gradients flow through p_j as in the authors' code. Shapes: (B, K), (B,) -> scalar, or (B,).
+    """
+    _check_inputs(logits, targets, "dual_focal_loss")
+    gamma = _check_number(gamma, "gamma", "dual_focal_loss", low=0.0)
+    return target_prob_loss(logits, targets, gamma, dual=True, reduction=check_reduction(reduction))
+
+
+def adadual_focal_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gammas: torch.Tensor,
+    edges: torch.Tensor,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """AdaDualFocal (Tao et al. 2023, §5.2): AdaFocal's per-bin γ on the dual focal form.
+
+    Binning by p_y as in `adafocal_loss`; γ_b ≥ 0 gives −(1 − p_y + p_j)^γ_b log p_y and γ_b < 0
+    the mirrored inverse form −(1 + p_y − p_j)^|γ_b| log p_y (the authors' code bins by p_y − p_j
+    and raises the dual base to the negative power; it never updates γ).
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "adadual_focal_loss")
+    sched = _as_schedule(gammas, edges, "adadual_focal_loss", ("gammas", "edges"), logits)
+    return target_prob_loss(logits, targets, sched, dual=True, reduction=check_reduction(reduction))
+
+
+def fcl_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gamma: float,
+    lam: float,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """Focal Calibration Loss −(1 − p_y)^γ log p_y + λ‖p − onehot(y)‖²₂, γ ≥ 0, λ ≥ 0.
+
+    "Towards Trustworthy Deep Neural Network through Euclidean Distance" (FCL); the squared
+    Euclidean (Brier) term makes it strictly proper for λ > 0.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "fcl_loss")
+    gamma = _check_number(gamma, "gamma", "fcl_loss", low=0.0)
+    lam = _check_number(lam, "lam", "fcl_loss", low=0.0)
+    return target_prob_loss(
+        logits, targets, gamma, brier_weight=lam, reduction=check_reduction(reduction)
+    )
+
+
+def brier_loss(
+    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Brier score Σ_k (p_k − 1{k = y})² per sample (Brier 1950; a baseline in Mukhoti et al.).
+
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "brier_loss")
+    return target_prob_loss(
+        logits, targets, None, brier_weight=1.0, reduction=check_reduction(reduction)
+    )
+
+
+# -- full-distribution losses ------------------------------------------------------------
+
+
+def label_smoothing_loss(
+    logits: torch.Tensor, targets: torch.Tensor, alpha: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy against s = (1 − α) on y and α/(K − 1) elsewhere (Mukhoti et al. §5).
+
+    ``F.cross_entropy(label_smoothing=ε)`` spreads ε/K over *all* classes, so ε = αK/(K − 1) gives
+    the same target; α must be ≤ (K − 1)/K (beyond it y would get less mass than the others).
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "label_smoothing_loss")
+    k = logits.shape[1]
+    alpha = _check_number(alpha, "alpha", "label_smoothing_loss", low=0.0)
+    if alpha > (k - 1) / k:
+        raise ValueError(
+            "label_smoothing_loss: alpha: expected a number in [0, (K-1)/K] = "
+            f"[0, {(k - 1) / k:.4g}] for K={k} classes, got {alpha!r}"
+        )
+    eps = min(1.0, alpha * k / (k - 1))
+    return F.cross_entropy(
+        logits, targets, reduction=check_reduction(reduction), label_smoothing=eps
+    )
+
+
+def mmce_weighted(
+    logits: torch.Tensor, targets: torch.Tensor, bandwidth: float = 0.4
+) -> torch.Tensor:
+    """Weighted MMCE of a batch (Kumar et al. 2018, "Trainable Calibration Measures ..."), scalar.
+
+    With r_i the top-label confidence, c_i its correctness, m = #correct, n = #incorrect and the
+    Laplacian kernel k(r, r') = exp(−|r − r'|/0.4)::
+
+        MMCE_w² = Σ_{i,j∈C} (1−r_i)(1−r_j)k_ij / m² + Σ_{i,j∈W} r_i r_j k_ij / n²
+                  − 2 Σ_{i∈C, j∈W} (1−r_i) r_j k_ij / (mn)  =  vᵀ K v,
+        v_i = (1 − r_i)/m for correct i,  −r_i/n for incorrect i.
+
+    It is 0 when either group is empty (as in the authors' code). The seed PyTorch port averages
+    each kernel sum over pairs *and* divides by m², n², mn, i.e. it is ~1/B² smaller: its λ values
+    do not transfer. Cost O(B²) memory and time.
+    """
+    probs = torch.softmax(logits, dim=1)
+    conf, pred = probs.max(dim=1)
+    correct = pred == targets
+    n_correct = correct.sum()
+    n_wrong = correct.numel() - n_correct
+    # an empty group contributes nothing; clamping its count keeps 0/0 out of the unused branch
+    v = torch.where(correct, (1 - conf) / n_correct.clamp(min=1), -conf / n_wrong.clamp(min=1))
+    kernel = torch.exp(-(conf.unsqueeze(1) - conf.unsqueeze(0)).abs() / bandwidth)
+    sq = v @ kernel @ v
+    use = (n_correct > 0) & (n_wrong > 0) & (sq > 0)
+    # sqrt has an infinite slope at 0: take it only where sq > 0 and give exact zeros elsewhere
+    return torch.where(use, torch.where(use, sq, 1.0).sqrt(), 0.0)
+
+
+def mmce_loss(
+    logits: torch.Tensor, targets: torch.Tensor, lam: float, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy + λ·MMCE_w (Kumar et al. 2018; a baseline in Mukhoti et al. 2020).
+
+    MMCE is a batch-level term: ``"none"`` returns CE_i + λ·MMCE for every sample, so that
+    ``"mean"`` = mean CE + λ·MMCE and ``"sum"`` = ``"mean"``·B like every other loss.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    """
+    _check_inputs(logits, targets, "mmce_loss")
+    lam = _check_number(lam, "lam", "mmce_loss", low=0.0)
+    reduction = check_reduction(reduction)
+    ce = F.cross_entropy(logits, targets, reduction="none")
+    return reduce_loss(ce + lam * mmce_weighted(logits, targets), reduction)

@@ -1,0 +1,185 @@
+"""One fused autograd function for every loss built from p_y (and p_j, and a Brier term).
+
+Per sample, with ``nlp = −log p_y`` taken from ``log_softmax`` and ``q = 1 − p_y`` computed as
+``−expm1(−nlp)`` (exact when p_y rounds to 1)::
+
+    ℓ = b^|γ| · nlp  +  λ_B · ‖p − onehot(y)‖²₂
+    b = q + p_j               for γ ≥ 0   (p_j = 0 unless ``dual``)
+    b = 2 − (q + p_j)         for γ < 0   (the "inverse" form 1 + p_y − p_j)
+
+which covers focal (γ ≥ 0), inverse focal (γ < 0; AdaFocal's sign convention), dual focal
+(``dual=True``), FCL (``brier_weight=λ``) and Brier (``gamma=None``). γ may be a scalar or a
+`Schedule` over p_y (FLSD, CalFocal, AdaFocal); the γ choice carries no gradient.
+
+Why a custom ``backward``: the closed-form gradient is finite at p_y = 1 for every γ ≥ 0, whereas
+autograd through ``(1 − p)**γ`` gives ``inf · 0 = NaN`` there for 0 < γ < 1 (the seed code adds
+1e-20 to hide it); and the per-sample arithmetic runs once, in one graph node. Gradients w.r.t.
+the logits (``dnlp/dz = p − onehot(y)``, ``dp_j/dz = p_j(onehot(j) − p)``,
+``d‖p − e_y‖²/dz_k = 2p_k(p_k − y_k) − 2p_k Σ_i p_i(p_i − y_i)``)::
+
+    dℓ/dnlp = w + γ·w·p_y·nlp/b        dℓ/dp_j = γ·w·nlp/b        (w = b^|γ|)
+
+``nlp/b`` is 0/0 only where b = 0 (p_y == 1 exactly and p_j = 0); there it is multiplied by w = 0
+(γ > 0) or by γ = 0, so any finite stand-in gives the exact gradient. The gradient's column y is
+written from m = p_y − 1 = ``expm1(−nlp)`` rather than ``exp(log p_y) − 1``, which cancels.
+16-bit logits are computed in float32 and the result and gradient are cast back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._reduce import Reduction, expand_reduced_grad, reduce_loss
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Piecewise-constant γ over p_y: ``values`` (M,), inner ``edges`` (M−1,) ascending.
+
+    Sample with true-class probability p_y gets ``values[b]`` for p_y ∈ [e_b, e_{b+1}); the first
+    bin is open below and the last open above (``torch.bucketize(..., right=True)``).
+    """
+
+    values: torch.Tensor
+    edges: torch.Tensor
+
+    def select(self, p_y: torch.Tensor) -> torch.Tensor:
+        idx = torch.bucketize(p_y, self.edges.to(p_y), right=True)
+        return self.values.to(p_y)[idx]
+
+
+GammaSpec = float | Schedule | None
+
+
+def _power_weight(
+    nlp: torch.Tensor, base: torch.Tensor, gamma: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w = b^|γ|`` and ``w·nlp/b``, with ``b = base`` (γ ≥ 0) or ``2 − base`` (γ < 0)."""
+    if isinstance(gamma, torch.Tensor):
+        b = torch.where(gamma < 0, 2 - base, base)
+        w = b.pow(gamma.abs())
+    else:
+        b = base if gamma >= 0 else 2 - base
+        w = b.pow(abs(gamma))
+    # 0/0 only at p_y == 1 exactly, where the ratio is multiplied by 0 (see module docstring)
+    return w, torch.div(nlp, b).nan_to_num_(1.0).mul_(w)
+
+
+def _col(x: torch.Tensor) -> torch.Tensor:
+    """(B,) -> (B, 1) for row-wise broadcasting; a 0-dim scalar broadcasts as it is."""
+    return x.unsqueeze(1) if x.dim() == 1 else x
+
+
+class _TargetProbLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: Any,
+        logits: torch.Tensor,
+        targets: torch.Tensor,
+        gamma: GammaSpec,
+        dual: bool,
+        brier_weight: float,
+        reduction: Reduction,
+        need_grad: bool,
+    ) -> torch.Tensor:
+        in_dtype = logits.dtype
+        z = logits.float() if in_dtype in _HALF else logits
+        logp = torch.log_softmax(z, dim=1)
+        nlp = F.nll_loss(logp, targets, reduction="none")
+        m = torch.expm1(-nlp)  # p_y − 1, exact near p_y = 1 where 1 − exp(·) cancels
+        p_y = m + 1
+        loss = d_nlp = d_pj = j = p = s2 = None
+        if brier_weight:
+            p = logp.exp()
+        if gamma is not None:
+            g = gamma.select(p_y) if isinstance(gamma, Schedule) else gamma
+            if dual:
+                # log-gap to every class strictly below p_y; +inf for y, ties and classes above
+                # (threshold avoids a bool mask, whose mixed-dtype ops are slow on CPU)
+                gap = F.threshold(torch.sub(-nlp.unsqueeze(1), logp), 0.0, float("inf"))
+                gap_j, j = gap.min(dim=1)
+                p_j = torch.exp(-nlp - gap_j)  # 0 when nothing is below p_y
+                base = p_j - m
+            else:
+                base = -m
+            w, wr = _power_weight(nlp, base, g)
+            loss = w * nlp
+            if need_grad:
+                if isinstance(g, torch.Tensor):
+                    d_nlp = torch.addcmul(w, wr.mul_(g), p_y)  # wr is now γ·w·nlp/b
+                else:
+                    d_nlp = torch.addcmul(w, wr, p_y, value=g)
+                    if dual:
+                        wr.mul_(g)
+                if dual:
+                    d_pj = wr.mul_(p_j)
+        if brier_weight:
+            assert p is not None
+            s2 = torch.linalg.vecdot(p, p)
+            brier = torch.add(s2, m, alpha=-2.0).sub_(1.0)  # Σ p_k² − 2 p_y + 1
+            if loss is None:
+                loss = brier.mul_(brier_weight)
+            else:
+                loss.add_(brier, alpha=brier_weight)
+        assert loss is not None
+        if need_grad:
+            ctx.save_for_backward(logp if p is None else p, targets, m, d_nlp, d_pj, j, s2)
+            ctx.setup = (reduction, brier_weight, in_dtype, p is not None)
+        out = reduce_loss(loss, reduction)
+        return out if out.dtype == in_dtype else out.to(in_dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+        saved, targets, m, d_nlp, d_pj, j, s2 = ctx.saved_tensors
+        reduction, brier_weight, in_dtype, saved_probs = ctx.setup
+        p = saved if saved_probs else saved.exp()
+        if grad_out.dtype != p.dtype:
+            grad_out = grad_out.to(p.dtype)
+        g = expand_reduced_grad(grad_out, reduction, p.shape[0])
+        # grad_k = row·p_k (+ Brier term) for k ≠ y; column y is then overwritten with its value
+        # computed from m = p_y − 1 (no cancellation), and column j gets + at_j (dual only)
+        p_y = m + 1 if d_pj is not None or brier_weight else None
+        row = at_y = at_j = None
+        if d_nlp is not None:
+            c = d_nlp * g
+            row, at_y = c, c * m
+            if d_pj is not None:
+                at_j = d_pj * g
+                row = c - at_j
+                at_y.sub_(at_j * p_y)
+        if brier_weight:
+            gb = g * (2.0 * brier_weight)
+            t = s2 - p_y  # Σ_i p_i (p_i − y_i)
+            shift = -gb * t if row is None else row - gb * t
+            grad = (p * _col(gb)).add_(_col(shift)).mul_(p)  # p ⊙ (row + gb·(p − t))
+            brier_y = (m - t).mul_(p_y).mul_(gb)  # gb·p_y·(p_y − 1 − t)
+            at_y = brier_y if at_y is None else at_y.add_(brier_y)
+        else:
+            assert row is not None
+            # p is a fresh tensor unless it was saved by forward (then it must stay intact)
+            grad = p * row.unsqueeze(1) if saved_probs else p.mul_(row.unsqueeze(1))
+        assert at_y is not None
+        grad.scatter_(1, targets.unsqueeze(1), at_y.unsqueeze(1))
+        if at_j is not None:
+            grad.scatter_add_(1, j.unsqueeze(1), at_j.unsqueeze(1))
+        return grad if grad.dtype == in_dtype else grad.to(in_dtype), *(None,) * 6
+
+
+def target_prob_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gamma: GammaSpec,
+    *,
+    dual: bool = False,
+    brier_weight: float = 0.0,
+    reduction: Reduction = "mean",
+) -> torch.Tensor:
+    """Fused ``b^|γ|·(−log p_y) + λ_B·Brier`` (see the module docstring); inputs are not checked."""
+    need_grad = torch.is_grad_enabled() and logits.requires_grad
+    return _TargetProbLoss.apply(logits, targets, gamma, dual, brier_weight, reduction, need_grad)
