@@ -1,0 +1,214 @@
+"""ResNets, Wide-ResNet and DenseNet in the 32×32 ("CIFAR") variants the seed papers train.
+
+Differences from the ImageNet models: a 3×3 stride-1 stem convolution and no max-pool, so a
+32×32 input reaches the last stage at 4×4. torchvision's ``Bottleneck``/``BasicBlock``/
+``DenseNet`` are reused; only stems, shortcuts and heads change. Layer-for-layer these match the
+networks of Mukhoti et al. (2020)'s code (github.com/torrvision/focal_calibration, ``Net/``),
+which AdaFocal and Dual Focal reuse — with one deliberate exception, ``resnet110``
+(see `cifar_resnet110`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchvision.models import DenseNet, ResNet
+from torchvision.models.resnet import BasicBlock, Bottleneck, conv1x1, conv3x3
+
+from ._zoo import MODELS, check_image_shape, common_params
+
+__all__ = [
+    "CifarResNet",
+    "cifar_densenet121",
+    "cifar_resnet50",
+    "cifar_resnet110",
+    "cifar_resnet110_bottleneck",
+    "tiny_resnet50",
+    "wide_resnet26_10",
+]
+
+
+def _kaiming(module: nn.Module) -> None:
+    # He et al.'s N(0, 2/(k·k·C_out)) for convolutions, BN as identity — the init of torchvision
+    # and of the seeds' code
+    for m in module.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+
+
+def _cifar_stem(model: ResNet, in_channels: int) -> ResNet:
+    model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    _kaiming(model.conv1)
+    model.maxpool = nn.Identity()
+    return model
+
+
+class _PadShortcut(nn.Module):
+    """He et al.'s parameter-free shortcut "A": subsample by ``stride`` and zero-pad the new
+    channels, ``(B, C, H, W) -> (B, C + extra, H/stride, W/stride)``."""
+
+    def __init__(self, stride: int, extra_channels: int) -> None:
+        super().__init__()
+        self.stride = stride
+        self.extra = extra_channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x[:, :, :: self.stride, :: self.stride]
+        half = self.extra // 2
+        return F.pad(x, (0, 0, 0, 0, half, self.extra - half))
+
+
+class CifarResNet(nn.Module):
+    """Three-or-more-stage ResNet of torchvision ``BasicBlock``s for small images.
+
+    Stem: 3×3 conv (``stem_width``) + BN + ReLU. Stage i has ``blocks[i]`` blocks of width
+    ``widths[i]``; stages after the first start with stride 2. ``shortcut="pad"`` is He et al.'s
+    option A (zero-padded identity), ``"conv"`` option B (1×1 conv + BN). Head: global average
+    pool + linear. ``(B, C, H, W) -> (B, num_classes)`` logits.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        stem_width: int,
+        widths: Sequence[int],
+        blocks: Sequence[int],
+        shortcut: Literal["pad", "conv"],
+    ) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(
+            conv3x3(in_channels, stem_width), nn.BatchNorm2d(stem_width), nn.ReLU(inplace=True)
+        )
+        stages = []
+        inplanes = stem_width
+        for i, (width, n) in enumerate(zip(widths, blocks, strict=True)):
+            layers = []
+            for j in range(n):
+                stride = 2 if (i > 0 and j == 0) else 1
+                down: nn.Module | None = None
+                if stride != 1 or inplanes != width:
+                    down = (
+                        _PadShortcut(stride, width - inplanes)
+                        if shortcut == "pad"
+                        else nn.Sequential(conv1x1(inplanes, width, stride), nn.BatchNorm2d(width))
+                    )
+                layers.append(BasicBlock(inplanes, width, stride, down))
+                inplanes = width
+            stages.append(nn.Sequential(*layers))
+        self.stages = nn.Sequential(*stages)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(inplanes, num_classes)
+        _kaiming(self)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
+
+
+_IMAGE32 = (3, 32, 32)
+
+
+@MODELS.register(
+    "resnet50",
+    params=common_params(_IMAGE32),
+    summary="ResNet-50 (bottleneck 3-4-6-3, 64-2048 channels), 3×3 stem, no max-pool; "
+    "23.5M parameters for 10 classes",
+    tags=("image", "seed"),
+)
+def cifar_resnet50(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """He et al. (CVPR 2016) ResNet-50 for 32×32 inputs as in the seeds' ``Net/resnet.py``."""
+    c, _, _ = check_image_shape(input_shape, "resnet50")
+    return _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), c)
+
+
+@MODELS.register(
+    "resnet50_tiny",
+    params=common_params((3, 64, 64)),
+    summary="ResNet-50 for 64×64 Tiny-ImageNet: 3×3 stem, no max-pool, 2×2 average pool "
+    "before an 8192→K linear layer (the seeds' Net/resnet_tiny_imagenet.py)",
+    tags=("image", "seed"),
+)
+def tiny_resnet50(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """ResNet-50 for 64×64 inputs: the last stage is 8×8, pooled to 2×2 (4·2048 features)."""
+    c, _, _ = check_image_shape(input_shape, "resnet50_tiny")
+    model = _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), c)
+    model.avgpool = nn.AdaptiveAvgPool2d(2)
+    model.fc = nn.Linear(4 * 512 * Bottleneck.expansion, num_classes)
+    return model
+
+
+@MODELS.register(
+    "resnet110",
+    params=common_params(_IMAGE32),
+    summary="He et al.'s CIFAR ResNet-110: BasicBlock 18-18-18, 16/32/64 channels, "
+    "zero-padding shortcuts; 1.73M parameters",
+    tags=("image", "seed"),
+)
+def cifar_resnet110(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """The standard ResNet-110 of He et al. (CVPR 2016, §4.2): depth 6·18+2, three stages of 18
+    BasicBlocks with 16/32/64 channels and parameter-free shortcuts (option A).
+
+    The seeds' code calls an ImageNet-width bottleneck 3-4-26-3 network "resnet110" (45.9M
+    parameters); that one is registered as ``resnet110_bottleneck``."""
+    c, _, _ = check_image_shape(input_shape, "resnet110")
+    return CifarResNet(c, num_classes, 16, (16, 32, 64), (18, 18, 18), shortcut="pad")
+
+
+@MODELS.register(
+    "resnet110_bottleneck",
+    params=common_params(_IMAGE32),
+    summary="the seeds' 'ResNet-110': ImageNet-width bottleneck 3-4-26-3, 3×3 stem; "
+    "≈45.9M parameters",
+    tags=("image", "seed"),
+)
+def cifar_resnet110_bottleneck(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """Bottleneck ResNet with 3-4-26-3 blocks (3·(3+4+26+3)+2 = 110 layers) and ImageNet
+    widths, as ``resnet110`` in Mukhoti et al.'s ``Net/resnet.py``; for reproducing their
+    numbers."""
+    c, _, _ = check_image_shape(input_shape, "resnet110_bottleneck")
+    return _cifar_stem(ResNet(Bottleneck, [3, 4, 26, 3], num_classes=num_classes), c)
+
+
+@MODELS.register(
+    "wide_resnet26_10",
+    params=common_params(_IMAGE32),
+    summary="Wide-ResNet-26-10 as in the seeds: post-activation BasicBlocks 4-4-4, "
+    "160/320/640 channels, 1×1 conv shortcuts; 36.5M parameters",
+    tags=("image", "seed"),
+)
+def wide_resnet26_10(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """Zagoruyko & Komodakis (BMVC 2016) widening (k=10) of a CIFAR ResNet, in the form the
+    seeds train (``Net/wide_resnet.py``): depth 26 = 6·4+2, i.e. 4 post-activation
+    (conv-BN-ReLU) BasicBlocks per stage, 16-channel stem, 1×1 conv + BN projection shortcuts,
+    no dropout. (The WRN paper's own blocks are pre-activation with depth 6n+4.)"""
+    c, _, _ = check_image_shape(input_shape, "wide_resnet26_10")
+    return CifarResNet(c, num_classes, 16, (160, 320, 640), (4, 4, 4), shortcut="conv")
+
+
+@MODELS.register(
+    "densenet121",
+    params=common_params(_IMAGE32),
+    summary="DenseNet-121 (growth 32, blocks 6-12-24-16), 3×3 stem without BN/pool; "
+    "6.96M parameters for 10 classes",
+    tags=("image", "seed"),
+)
+def cifar_densenet121(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+    """Huang et al. (CVPR 2017) DenseNet-121 for 32×32 inputs as in the seeds'
+    ``Net/densenet.py``: torchvision's dense blocks and transitions, the 7×7/2 stem, its BN-ReLU
+    and the max-pool replaced by one 3×3 stride-1 convolution to 64 channels."""
+    c, _, _ = check_image_shape(input_shape, "densenet121")
+    model = DenseNet(32, (6, 12, 24, 16), 64, num_classes=num_classes)
+    model.features.conv0 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    nn.init.kaiming_normal_(model.features.conv0.weight)
+    # the first dense layer starts with its own BN-ReLU, so the stem needs none
+    model.features.norm0 = nn.Identity()
+    model.features.relu0 = nn.Identity()
+    model.features.pool0 = nn.Identity()
+    return model
