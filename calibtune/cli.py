@@ -1,0 +1,171 @@
+"""Command line: ``calibtune <subcommand>`` (argument parsing only; the work is in the library).
+
+Subcommands: ``train`` (one trial outside any search, here) and the study service's run, submit,
+resume, status, logs, compare, report, export and ui (`calibtune.study._cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["SUBCOMMANDS", "build_parser", "format_metrics_table", "main"]
+
+
+class _UsageError(Exception):
+    """Bad input: reported as one line on stderr with exit code 2."""
+
+
+def _add_train(sub: Any) -> None:
+    p = sub.add_parser(
+        "train",
+        help="run one trial (training, calibration, OOD evaluation) through Ray Train",
+        description=(
+            "Run one trial described by a trial-config YAML file (format: docs/trial.md) "
+            "through Ray Train, print the final metrics table and leave checkpoints and "
+            "artifacts under <storage_path>/<name>/. Re-running the same config resumes from "
+            "its latest checkpoint."
+        ),
+    )
+    p.add_argument("config", metavar="CONFIG.yaml", help="trial-config YAML file")
+    p.add_argument(
+        "--num-workers",
+        type=int,
+        metavar="N",
+        help="Ray Train workers (overrides scaling.num_workers; 0 = in-process local mode)",
+    )
+    gpu = p.add_mutually_exclusive_group()
+    gpu.add_argument(
+        "--use-gpu",
+        dest="use_gpu",
+        action="store_true",
+        default=None,
+        help="one GPU per worker (overrides scaling.use_gpu)",
+    )
+    gpu.add_argument(
+        "--no-use-gpu",
+        dest="use_gpu",
+        action="store_false",
+        help="CPU only (scaling.use_gpu=false)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override one config value, VALUE parsed as YAML (repeatable), "
+        "e.g. --set train.epochs=5 --set loss.params.gamma=3",
+    )
+    p.add_argument("--storage-path", help="directory for trial folders (overrides storage_path)")
+    p.add_argument("--name", help="trial name = its folder under the storage path (overrides name)")
+    p.add_argument(
+        "--all-metrics",
+        action="store_true",
+        help="print every final metric (default: the main ones per method)",
+    )
+    p.set_defaults(func=_cmd_train)
+
+
+#: subcommand name -> function adding its parser; the study service registers its own here.
+SUBCOMMANDS: dict[str, Callable[[Any], None]] = {"train": _add_train}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="calibtune",
+        description="Calibration-aware training and hyperparameter studies on Ray.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from calibtune.study._cli import COMMANDS as study_commands
+
+    for add in {**SUBCOMMANDS, **study_commands}.values():
+        add(sub)
+    return parser
+
+
+_MAIN_KEYS = ("error", "ece", "adaece", "classwise_ece", "nll", "brier", "smece")
+_OOD_COLS = ("auroc", "aupr", "fpr95", "auroc_msp", "auroc@ts", "auroc_msp@ts")
+
+
+def _row(label: str, values: Sequence[float | None], scale: float, width: int) -> str:
+    cells = "".join(f"{'-':>14}" if v is None else f"{scale * v:>14.3f}" for v in values)
+    return f"{label:<{width}}{cells}"
+
+
+def format_metrics_table(metrics: dict[str, float], all_metrics: bool = False) -> str:
+    """Final metrics as text: test metrics (%) per post-hoc method, OOD metrics per set, fitted
+    post-hoc parameters. ``all_metrics`` adds every report column and OOD metric."""
+    fitted = {k.split("@", 1)[1] for k in metrics if k.startswith("test/") and "@" in k}
+    methods = ["uncalibrated", *sorted(fitted)]
+    cols = [c for c in _MAIN_KEYS if f"test/{c}" in metrics]
+    if all_metrics:
+        cols = sorted({k.split("/", 1)[1].split("@")[0] for k in metrics if k.startswith("test/")})
+    lines = ["test metrics (%):", f"{'method':<14}" + "".join(f"{c:>14}" for c in cols)]
+    for m in methods:
+        suffix = "" if m == "uncalibrated" else f"@{m}"
+        lines.append(_row(m, [metrics.get(f"test/{c}{suffix}") for c in cols], 100, 14))
+    ood_keys = sorted({k[4:].rsplit("/", 1)[0] for k in metrics if k.startswith("ood/")})
+    if ood_keys:
+        ood_cols = list(_OOD_COLS)
+        if all_metrics:
+            ood_cols = sorted({k.rsplit("/", 1)[1] for k in metrics if k.startswith("ood/")})
+        w = max(14, *(len(k) + 2 for k in ood_keys))
+        lines += ["", "OOD detection (entropy score unless _msp; @ts = after temperature scaling):"]
+        lines.append(f"{'set':<{w}}" + "".join(f"{c:>14}" for c in ood_cols))
+        for key in ood_keys:
+            lines.append(_row(key, [metrics.get(f"ood/{key}/{c}") for c in ood_cols], 1, w))
+    params = sorted(k for k in metrics if k.startswith("posthoc/"))
+    if params:
+        width = max(len(k) for k in params)
+        lines += ["", "post-hoc parameters (fitted on validation):"]
+        lines += [f"{k:<{width}}  {metrics[k]:.4f}" for k in params]
+    return "\n".join(lines)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from calibtune.trial import TrialFailedError, load_config, run
+
+    overrides = list(args.overrides)
+    if args.num_workers is not None:
+        if args.num_workers < 0:
+            raise _UsageError(f"--num-workers: expected an integer >= 0, got {args.num_workers}")
+        overrides.append(f"scaling.num_workers={args.num_workers}")
+    if args.use_gpu is not None:
+        overrides.append(f"scaling.use_gpu={'true' if args.use_gpu else 'false'}")
+    if args.storage_path:
+        overrides.append(f"storage_path={args.storage_path}")
+    if args.name:
+        overrides.append(f"name={args.name}")
+    try:
+        cfg = load_config(args.config, overrides)
+    except FileNotFoundError:
+        raise _UsageError(f"{args.config}: no such file") from None
+    except ValueError as e:
+        raise _UsageError(str(e)) from None
+    try:
+        result = run(cfg)
+    except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
+        raise _UsageError(str(e)) from None
+    except TrialFailedError as e:
+        print(f"calibtune train: trial failed: {e}", file=sys.stderr)
+        return 1
+    print(format_metrics_table(result.metrics, args.all_metrics))
+    print(f"\n{result.epochs_completed} epochs; artifacts in {result.artifacts_dir}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except _UsageError as e:
+        print(f"calibtune {args.command}: error: {e}".replace("\n", " "), file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

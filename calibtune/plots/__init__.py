@@ -1,0 +1,10 @@
+"""Figures from trial artifacts (matplotlib); consumes data only, never imported by the core."""
+
+from calibtune.plots._figures import (
+    plot_gamma_dynamics,
+    plot_reliability,
+    plot_roc,
+    save_trial_figures,
+)
+
+__all__ = ["plot_gamma_dynamics", "plot_reliability", "plot_roc", "save_trial_figures"]

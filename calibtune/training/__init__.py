@@ -1,0 +1,40 @@
+"""The pure training loop (no Ray): epochs, cached-logit evaluation, adaptive-loss updates.
+
+`calibtune.trial` runs it inside Ray Train; tests and benchmarks can run it in a bare process.
+"""
+
+from calibtune.training._batches import (
+    dataset_tensors,
+    epoch_index_batches,
+    gather_rows,
+    infer_logits,
+    iterate_batches,
+    world_info,
+)
+from calibtune.training._final import FinalEvaluation, OODLogits, evaluate_final
+from calibtune.training._loop import (
+    EpochCache,
+    LoopSpec,
+    NonFiniteLossError,
+    epoch_metrics,
+    lr_schedule,
+    train_epochs,
+)
+
+__all__ = [
+    "EpochCache",
+    "FinalEvaluation",
+    "LoopSpec",
+    "NonFiniteLossError",
+    "OODLogits",
+    "dataset_tensors",
+    "epoch_index_batches",
+    "epoch_metrics",
+    "evaluate_final",
+    "gather_rows",
+    "infer_logits",
+    "iterate_batches",
+    "lr_schedule",
+    "train_epochs",
+    "world_info",
+]

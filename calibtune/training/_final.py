@@ -1,0 +1,147 @@
+"""End-of-trial evaluation on cached logits: post-hoc calibration and OOD detection.
+
+Every post-hoc method is fitted on *validation* logits only (tuning T on the test split is one of
+the seed-code traps) and scored on the test logits; OOD AUROC/AUPR/FPR95 use entropy and MSP
+scores of the test set (in-distribution, negative) vs each OOD set (positive), before and after
+temperature scaling. Returns flat metrics plus JSON-ready artifact data for the plots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["FinalEvaluation", "OODLogits", "evaluate_final", "posthoc_val_metrics"]
+
+OOD_SCORES = ("entropy", "msp")
+
+
+@dataclass(frozen=True)
+class OODLogits:
+    """Logits of one OOD set (or one severity of it); ``key`` is e.g. ``svhn`` or ``noise/s5``."""
+
+    key: str
+    logits: Tensor
+
+
+@dataclass
+class FinalEvaluation:
+    metrics: dict[str, float] = field(default_factory=dict)
+    posthoc_params: dict[str, dict[str, float]] = field(default_factory=dict)
+    reliability: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    roc: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+
+
+def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]:
+    from calibtune.metrics import reliability_table
+
+    t = reliability_table(probs, labels, n_bins=n_bins, binning="width")
+    return {k: np.asarray(v, dtype=float).tolist() for k, v in t.items()}
+
+
+def _report(
+    probs: Tensor, labels: Tensor, n_bins: int, suffix: str, split: str = "test"
+) -> dict[str, float]:
+    from calibtune.metrics import calibration_report
+
+    rep = calibration_report(probs=probs, labels=labels, n_bins=n_bins)
+    return {f"{split}/{k}{suffix}": float(v) for k, v in rep.items() if np.isscalar(v)}
+
+
+def _probs(method: Any, logits: Tensor) -> Tensor:
+    return torch.as_tensor(np.asarray(method.calibrate(logits)), dtype=torch.float64)
+
+
+def posthoc_val_metrics(
+    val_logits: Tensor,
+    val_labels: Tensor,
+    posthoc: Mapping[str, Mapping[str, Any]],
+    n_bins: int = 15,
+) -> dict[str, float]:
+    """``val/<m>@<method>``: each post-hoc method fitted on the validation logits and scored on
+    them — the selection criterion of the seeds (e.g. T chosen by validation ECE). Test data is
+    never touched, so studies may optimise these."""
+    from calibtune.posthoc import build_posthoc
+
+    out: dict[str, float] = {}
+    for name, params in posthoc.items():
+        method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
+        out.update(_report(_probs(method, val_logits), val_labels, n_bins, f"@{name}", "val"))
+    return out
+
+
+def evaluate_final(
+    val_logits: Tensor,
+    val_labels: Tensor,
+    test_logits: Tensor,
+    test_labels: Tensor,
+    *,
+    posthoc: Mapping[str, Mapping[str, Any]],
+    ood: list[OODLogits] = (),  # type: ignore[assignment]
+    n_bins: int = 15,
+    roc_points: int = 201,
+) -> FinalEvaluation:
+    """Post-hoc methods fitted on validation, test metrics before/after, OOD before/after TS.
+
+    Metric names: ``test/<m>`` (uncalibrated, from logits), ``test/<m>@<method>``,
+    ``val/<m>@<method>`` (fitted and scored on validation: what a study may select on),
+    ``posthoc/<method>/<param>``; ``ood/<key>/{auroc,aupr,fpr95}`` (entropy score),
+    ``ood/<key>/{auroc,aupr,fpr95}_msp``, each also with ``@ts`` after temperature scaling.
+    """
+    from calibtune import metrics as M
+    from calibtune.posthoc import build_posthoc
+
+    out = FinalEvaluation()
+    test_probs = torch.softmax(test_logits.double(), dim=1)
+    rep = M.calibration_report(logits=test_logits, labels=test_labels, n_bins=n_bins)
+    out.metrics.update({f"test/{k}": float(v) for k, v in rep.items() if np.isscalar(v)})
+    out.reliability["uncalibrated"] = _table(test_probs, test_labels, n_bins)
+
+    calibrated: dict[str, Any] = {}
+    for name, params in posthoc.items():
+        method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
+        calibrated[name] = method
+        probs = _probs(method, test_logits)
+        out.metrics.update(_report(probs, test_labels, n_bins, f"@{name}"))
+        out.metrics.update(
+            _report(_probs(method, val_logits), val_labels, n_bins, f"@{name}", "val")
+        )
+        fitted = {k: float(v) for k, v in method.params().items()}
+        out.posthoc_params[name] = fitted
+        out.metrics.update({f"posthoc/{name}/{k}": v for k, v in fitted.items()})
+        out.reliability[name] = _table(probs, test_labels, n_bins)
+
+    if ood:
+        ts = calibrated.get("ts") or build_posthoc("ts").fit(val_logits, val_labels)
+        variants = {"": (test_logits, None), "@ts": (test_logits, ts)}
+        for item in ood:
+            for suffix, (in_logits, method) in variants.items():
+                if method is None:
+                    p_in = torch.softmax(in_logits.double(), 1)
+                    p_out = torch.softmax(item.logits.double(), 1)
+                else:
+                    p_in = torch.as_tensor(np.asarray(method.calibrate(in_logits)))
+                    p_out = torch.as_tensor(np.asarray(method.calibrate(item.logits)))
+                for score in OOD_SCORES:
+                    tag = "" if score == "entropy" else "_msp"
+                    base = f"ood/{item.key}/"
+                    out.metrics[f"{base}auroc{tag}{suffix}"] = M.ood_auroc(p_in, p_out, score)
+                    out.metrics[f"{base}aupr{tag}{suffix}"] = M.ood_aupr(p_in, p_out, score)
+                    out.metrics[f"{base}fpr95{tag}{suffix}"] = M.fpr_at_95_tpr(p_in, p_out, score)
+                    fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score)
+                    out.roc[f"{item.key}/{score}{suffix}"] = _thin(fpr, tpr, roc_points)
+    return out
+
+
+def _thin(fpr: np.ndarray, tpr: np.ndarray, k: int) -> dict[str, list[float]]:
+    """At most ``k`` ROC points (evenly spaced indices, ends kept) so artifacts stay small."""
+    fpr, tpr = np.asarray(fpr, float), np.asarray(tpr, float)
+    if len(fpr) > k:
+        idx = np.unique(np.linspace(0, len(fpr) - 1, k).round().astype(int))
+        fpr, tpr = fpr[idx], tpr[idx]
+    return {"fpr": fpr.tolist(), "tpr": tpr.tolist()}

@@ -1,0 +1,257 @@
+"""The training loop: epochs, cached-logit evaluation passes, adaptive-loss updates, reports.
+
+Pure PyTorch (no Ray): the trial adapter passes in the (possibly DDP-wrapped) model, the data,
+a learning-rate function and an ``on_epoch_end`` callback that reports and checkpoints.
+
+Per epoch ``e`` (1-based):
+  1. train over the rank's batches of the global permutation for ``(seed, e)``;
+     an adaptive loss with integer ``update_every`` is updated after every ``update_every``
+     batches from a fresh validation pass, after which the model goes back to ``train()``;
+  2. one validation pass (cached logits) feeds both the epoch-end adaptive update
+     (``update_every == "epoch"``) and the validation ``calibration_report`` (and, for the
+     ``epoch_posthoc`` methods, their fit and ``val/<m>@<name>`` report on the same logits);
+  3. optionally one test pass; then ``on_epoch_end(e, metrics, cache)``.
+AdaFocal (Ghosh et al., NeurIPS 2022, Alg. 1) updates γ from validation-bin statistics once per
+epoch; all ranks score the full validation set (sharded + all-gathered), so every rank computes
+the same update, and ``broadcast_state(src=0)`` removes any floating-point doubt.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.data import Dataset
+
+from calibtune.training._batches import epoch_index_batches, infer_logits, iterate_batches
+
+__all__ = [
+    "EpochCache",
+    "LoopSpec",
+    "NonFiniteLossError",
+    "epoch_metrics",
+    "lr_schedule",
+    "train_epochs",
+]
+
+
+class NonFiniteLossError(FloatingPointError):
+    """Raised when the training loss becomes NaN/inf; the message names epoch and step."""
+
+
+@dataclass
+class EpochCache:
+    """Logits from this epoch's evaluation passes (float32 CPU), reused by every consumer."""
+
+    val_logits: Tensor
+    val_labels: Tensor
+    test_logits: Tensor | None = None
+    test_labels: Tensor | None = None
+    updates: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class LoopSpec:
+    """Everything `train_epochs` needs; ``batch_size`` is the global batch (all ranks)."""
+
+    model: nn.Module  # the (possibly DDP-wrapped) model used for training steps
+    loss_fn: nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_at: Callable[[int], float]  # epoch (1-based) -> learning rate
+    train_set: Dataset
+    val_set: Dataset
+    test_set: Dataset | None
+    epochs: int
+    batch_size: int
+    eval_batch_size: int = 1024
+    n_bins: int = 15
+    seed: int = 1
+    grad_clip: float | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    augment: Callable[[Tensor], Tensor] | None = None
+    test_every_epoch: bool = True
+    loader_workers: int = 0
+    rank: int = 0
+    world: int = 1
+    eval_model: nn.Module | None = None  # unwrapped module for inference (no DDP hooks)
+    # post-hoc methods fitted and scored on validation every epoch (``val/<m>@<name>``)
+    epoch_posthoc: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def lr_schedule(
+    base_lr: float,
+    kind: str,
+    epochs: int,
+    milestones: tuple[int, ...] = (),
+    gamma: float = 0.1,
+    warmup_epochs: int = 0,
+) -> Callable[[int], float]:
+    """Learning rate of epoch ``e`` (1-based) as a pure function, so resuming needs only ``e``.
+
+    ``step``: ``base · gamma^{#{m ∈ milestones : m < e}}`` (the seeds decay after epochs 150 and
+    250 of 350); ``cosine``: ``base · ½(1 + cos(π (e−1)/E))``; ``constant``: ``base``. A linear
+    warm-up over the first ``warmup_epochs`` epochs multiplies each.
+    """
+
+    def lr_at(e: int) -> float:
+        if kind == "step":
+            lr = base_lr * gamma ** sum(1 for m in milestones if m < e)
+        elif kind == "cosine":
+            lr = base_lr * 0.5 * (1.0 + math.cos(math.pi * (e - 1) / epochs))
+        elif kind == "constant":
+            lr = base_lr
+        else:
+            raise ValueError(f"schedule: expected one of step, cosine, constant, got {kind!r}")
+        if warmup_epochs and e <= warmup_epochs:
+            lr *= e / (warmup_epochs + 1)
+        return lr
+
+    return lr_at
+
+
+def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, float]:
+    """``{prefix/<key>: value}`` for every scalar of ``calibration_report`` on cached logits."""
+    from calibtune.metrics import calibration_report
+
+    report = calibration_report(logits=logits, labels=labels, n_bins=n_bins)
+    out: dict[str, float] = {}
+    for k, v in report.items():
+        if isinstance(v, Tensor) and v.numel() == 1:
+            v = v.item()
+        if isinstance(v, int | float):
+            out[f"{prefix}/{k}"] = float(v)
+    return out
+
+
+def _adaptive(loss_fn: nn.Module) -> bool:
+    return bool(getattr(loss_fn, "adaptive", False))
+
+
+def _update_loss(loss_fn: nn.Module, logits: Tensor, labels: Tensor) -> dict[str, Any]:
+    record = loss_fn.update(torch.softmax(logits, dim=1), labels)
+    if dist.is_available() and dist.is_initialized():
+        loss_fn.broadcast_state(src=0)
+    return record
+
+
+def train_epochs(
+    spec: LoopSpec,
+    *,
+    start_epoch: int = 0,
+    on_epoch_end: Callable[[int, dict[str, Any], EpochCache], None] | None = None,
+) -> EpochCache | None:
+    """Train epochs ``start_epoch+1 .. spec.epochs``; return the last epoch's cache."""
+    eval_model = spec.eval_model if spec.eval_model is not None else spec.model
+    adaptive = _adaptive(spec.loss_fn)
+    every = getattr(spec.loss_fn, "update_every", "epoch") if adaptive else "epoch"
+    n_train = len(spec.train_set)  # type: ignore[arg-type]
+    cache: EpochCache | None = None
+
+    def infer(ds: Dataset) -> tuple[Tensor, Tensor]:
+        return infer_logits(
+            eval_model,
+            ds,
+            batch_size=spec.eval_batch_size,
+            device=spec.device,
+            rank=spec.rank,
+            world=spec.world,
+            num_workers=spec.loader_workers,
+        )
+
+    for epoch in range(start_epoch + 1, spec.epochs + 1):
+        t0 = time.perf_counter()
+        lr = spec.lr_at(epoch)
+        for group in spec.optimizer.param_groups:
+            group["lr"] = lr
+        spec.model.train()
+        batches = epoch_index_batches(
+            n_train, spec.batch_size, seed=spec.seed, epoch=epoch, rank=spec.rank, world=spec.world
+        )
+        loss_sum = torch.zeros((), dtype=torch.float64, device=spec.device)
+        wrong = torch.zeros((), dtype=torch.float64, device=spec.device)
+        seen = 0
+        updates: list[dict[str, Any]] = []
+        for step, (x, y) in enumerate(
+            iterate_batches(spec.train_set, batches, spec.loader_workers), start=1
+        ):
+            x = x.to(spec.device, non_blocking=True)
+            y = y.to(spec.device, non_blocking=True)
+            if spec.augment is not None:
+                x = spec.augment(x)
+            logits = spec.model(x)
+            loss = spec.loss_fn(logits, y)
+            spec.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            # checked after backward so that, under DDP, no rank leaves a gradient all-reduce
+            # waiting; NaN gradients reach every rank and stop them all at the next step
+            if not torch.isfinite(loss).item():
+                raise NonFiniteLossError(
+                    f"non-finite loss at epoch {epoch}, step {step} (loss={loss.item()}, "
+                    f"lr={lr:g}); lower optimizer.lr or set train.grad_clip"
+                )
+            if spec.grad_clip is not None:
+                nn.utils.clip_grad_norm_(spec.model.parameters(), spec.grad_clip)
+            spec.optimizer.step()
+            loss_sum += loss.detach().double() * y.shape[0]
+            wrong += (logits.detach().argmax(1) != y).sum()
+            seen += y.shape[0]
+            if adaptive and isinstance(every, int) and step % every == 0:
+                v_logits, v_labels = infer(spec.val_set)
+                updates.append(_update_loss(spec.loss_fn, v_logits, v_labels))
+                # the official AdaFocal code left the model in eval() after this pass
+                spec.model.train()
+        train_time = time.perf_counter() - t0
+
+        val_logits, val_labels = infer(spec.val_set)
+        if adaptive and every == "epoch":
+            updates.append(_update_loss(spec.loss_fn, val_logits, val_labels))
+        totals = torch.stack([loss_sum, wrong, torch.tensor(float(seen), dtype=torch.float64)])
+        if spec.world > 1:
+            dist.all_reduce(totals)
+        metrics: dict[str, Any] = {
+            "epoch": epoch,
+            "lr": lr,
+            "train/loss": (totals[0] / totals[2]).item(),
+            "train/error": (totals[1] / totals[2]).item(),
+        }
+        metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins))
+        if spec.epoch_posthoc:
+            from calibtune.training._final import posthoc_val_metrics
+
+            metrics.update(
+                posthoc_val_metrics(val_logits, val_labels, spec.epoch_posthoc, spec.n_bins)
+            )
+        cache = EpochCache(val_logits, val_labels, updates=updates)
+        if spec.test_set is not None and (spec.test_every_epoch or epoch == spec.epochs):
+            cache.test_logits, cache.test_labels = infer(spec.test_set)
+            metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
+        if adaptive and updates:
+            last = updates[-1]
+            metrics["adaptive/gammas"] = _floats(last.get("gammas"))
+            metrics["adaptive/edges"] = _floats(last.get("edges"))
+            metrics["adaptive/gap"] = [
+                c - a
+                for c, a in zip(_floats(last.get("c_val")), _floats(last.get("a_val")), strict=True)
+            ]
+            metrics["adaptive/updates"] = len(updates)
+        metrics["train_time"] = train_time
+        metrics["epoch_time"] = time.perf_counter() - t0
+        if on_epoch_end is not None:
+            on_epoch_end(epoch, metrics, cache)
+    return cache
+
+
+def _floats(v: Any) -> list[float]:
+    if v is None:
+        return []
+    if isinstance(v, Tensor):
+        return [float(x) for x in v.detach().cpu().reshape(-1).tolist()]
+    if isinstance(v, Mapping):
+        return [float(x) for x in v.values()]
+    return [float(x) for x in v]

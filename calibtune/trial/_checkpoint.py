@@ -1,0 +1,116 @@
+"""Trial checkpoints: one ``state.pt`` per checkpoint directory, loadable with weights_only=True.
+
+Contents (tensors, numbers, strings, lists, dicts and tuples only, so the safe unpickler reads
+them): model and optimiser state, the adaptive loss's state (AdaFocal γ, edges and γ history),
+the torch/CUDA/Python RNG states, the number of completed epochs and the per-epoch reports. The
+learning-rate schedule is a pure function of the epoch (see `calibtune.training.lr_schedule`),
+so the epoch is its whole state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "capture_rng",
+    "latest_local_checkpoint",
+    "load_state",
+    "prune_local_checkpoints",
+    "restore_rng",
+    "save_state",
+]
+
+CHECKPOINT_FILE = "state.pt"
+FORMAT_VERSION = 1
+_EPOCH_DIR = re.compile(r"^epoch_(\d{6})$")
+
+
+def capture_rng() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(_tuplify(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _tuplify(x: Any) -> Any:
+    return tuple(_tuplify(v) for v in x) if isinstance(x, list | tuple) else x
+
+
+def save_state(
+    directory: str | os.PathLike[str],
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: nn.Module,
+    epoch: int,
+    history: list[dict[str, Any]],
+) -> Path:
+    """Write ``directory/state.pt`` atomically (temp file + rename) and return its path."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    state = {
+        "format": FORMAT_VERSION,
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "loss": loss_fn.state_dict(),
+        "rng": capture_rng(),
+        "history": history,
+    }
+    tmp = d / (CHECKPOINT_FILE + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, d / CHECKPOINT_FILE)
+    return d / CHECKPOINT_FILE
+
+
+def load_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a checkpoint written by `save_state` with the safe (weights-only) unpickler."""
+    path = Path(directory) / CHECKPOINT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint: expected {path} to exist")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if state.get("format") != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path}: expected format {FORMAT_VERSION}, got {state.get('format')!r}"
+        )
+    return state
+
+
+def latest_local_checkpoint(checkpoint_root: str | os.PathLike[str]) -> Path | None:
+    """The ``epoch_NNNNNN`` directory with the highest epoch holding a complete ``state.pt``."""
+    root = Path(checkpoint_root)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _EPOCH_DIR.match(p.name)) and (p / CHECKPOINT_FILE).is_file()
+    ]
+    return max(found)[1] if found else None
+
+
+def epoch_dir(checkpoint_root: str | os.PathLike[str], epoch: int) -> Path:
+    return Path(checkpoint_root) / f"epoch_{epoch:06d}"
+
+
+def prune_local_checkpoints(checkpoint_root: str | os.PathLike[str], keep: int) -> None:
+    root = Path(checkpoint_root)
+    dirs = sorted(p for p in root.iterdir() if _EPOCH_DIR.match(p.name)) if root.is_dir() else []
+    for p in dirs[:-keep]:
+        shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,462 @@
+"""The trial config: a frozen, validated description of one training run.
+
+Built from YAML (or a dict) at the boundary; unknown keys are rejected and every error names the
+key path and the broken rule, e.g. ``train.epochs: expected an integer >= 1, got 'ten'``.
+Defaults live here and only here (the seeds' SGD recipe: momentum 0.9, weight decay 5e-4, step
+decays by 10× after 3/7 and 5/7 of training — epochs 150 and 250 of 350 in Mukhoti et al. 2020
+and Ghosh et al. 2022). The format is documented in ``docs/trial.md``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "DataConfig",
+    "EvalConfig",
+    "LossConfig",
+    "ModelConfig",
+    "OptimizerConfig",
+    "ScalingConfig",
+    "ScheduleConfig",
+    "TrainConfig",
+    "TrialConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "save_config",
+]
+
+DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("step", "cosine", "constant")
+
+
+class _Bad(ValueError):
+    pass
+
+
+def _fail(path: str, expected: str, value: Any) -> _Bad:
+    return _Bad(f"{path}: expected {expected}, got {value!r}")
+
+
+def _int(v: Any, path: str, low: int | None = None) -> int:
+    rule = "an integer" + (f" >= {low}" if low is not None else "")
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _fail(path, rule, v)
+    if isinstance(v, float):
+        if not v.is_integer():
+            raise _fail(path, rule, v)
+        v = int(v)
+    if low is not None and v < low:
+        raise _fail(path, rule, v)
+    return int(v)
+
+
+def _float(
+    v: Any, path: str, low: float | None = None, low_open: bool = False, high: float | None = None
+) -> float:
+    lo = "-inf" if low is None else f"{low:g}"
+    hi = "inf" if high is None else f"{high:g}"
+    lb = "(" if low_open or low is None else "["
+    rule = f"a number in {lb}{lo}, {hi}{')' if high is None else ']'}"
+    if isinstance(v, str):
+        try:  # YAML 1.1 reads "5e-4" as a string
+            v = float(v)
+        except ValueError:
+            raise _fail(path, rule, v) from None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise _fail(path, rule, v)
+    v = float(v)
+    if math.isnan(v) or (low is not None and (v <= low if low_open else v < low)):
+        raise _fail(path, rule, v)
+    if high is not None and v > high:
+        raise _fail(path, rule, v)
+    return v
+
+
+def _bool(v: Any, path: str) -> bool:
+    if not isinstance(v, bool):
+        raise _fail(path, "a boolean (true/false)", v)
+    return v
+
+
+def _str(v: Any, path: str) -> str:
+    if not isinstance(v, str) or not v:
+        raise _fail(path, "a non-empty string", v)
+    return v
+
+
+def _choice(v: Any, path: str, choices: Sequence[str]) -> str:
+    if v not in choices:
+        raise _fail(path, "one of " + ", ".join(repr(c) for c in choices), v)
+    return v
+
+
+def _mapping(v: Any, path: str) -> Mapping[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise _fail(path or "config", "a mapping", v)
+    return v
+
+
+def _check_keys(d: Mapping[str, Any], cls: type, path: str) -> None:
+    known = [f.name for f in fields(cls)]
+    for k in d:
+        if k not in known:
+            where = f"{path}.{k}" if path else str(k)
+            raise _Bad(f"{where}: unknown key; expected one of {', '.join(known)}")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """``name`` from ``calibtune.data.list_datasets()``; ``root`` where its files live."""
+
+    name: str = "digits"
+    root: str | None = None
+    val_fraction: float = 0.1
+    ood: tuple[str, ...] | None = None  # None: calibtune.data.default_ood(name); (): none
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "mlp"
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """``params`` are resolved (defaults filled) through ``LOSSES.get(name).resolve``."""
+
+    name: str = "cross_entropy"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: str = "sgd"
+    lr: float = 0.1  # per batch of `train.batch_size` examples
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    nesterov: bool = False
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """``step``: lr × gamma after each milestone epoch (None: round(3E/7), round(5E/7))."""
+
+    name: str = "step"
+    milestones: tuple[int, ...] | None = None
+    gamma: float = 0.1
+    warmup_epochs: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 10
+    batch_size: int = 128
+    grad_clip: float | None = None  # max global L2 norm of the gradients; None: off
+    checkpoint_every: int = 1  # epochs
+    keep_checkpoints: int = 2
+    loader_workers: int = 0  # DataLoader processes for file-based sets (in-memory sets: unused)
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    batch_size: int = 1024
+    n_bins: int = 15
+    test_every_epoch: bool = True
+    figures: bool = True  # render figures/ from the artifacts at the end (matplotlib)
+    # post-hoc methods also fitted on validation every epoch, reporting val/<m>@<name>
+    # (studies that select on e.g. val/ece@ts need it in every report)
+    epoch_posthoc: tuple[str, ...] = ()
+    posthoc: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=lambda: {name: {} for name in DEFAULT_POSTHOC}
+    )
+
+
+@dataclass(frozen=True)
+class ScalingConfig:
+    """``num_workers=0``: Ray Train local mode (in-process); ``>= 1``: Ray Train workers (DDP)."""
+
+    num_workers: int = 0
+    use_gpu: bool = False
+    resources_per_worker: Mapping[str, float] = field(default_factory=dict)
+    max_failures: int = 0
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    name: str = "trial"
+    seed: int = 1
+    storage_path: str = "runs/trials"
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    scaling: ScalingConfig = field(default_factory=ScalingConfig)
+
+    def milestones(self) -> tuple[int, ...]:
+        """Epochs at which the step schedule multiplies the learning rate by ``schedule.gamma``."""
+        if self.schedule.milestones is not None:
+            return self.schedule.milestones
+        e = self.train.epochs
+        return tuple(sorted({max(1, round(3 * e / 7)), max(1, round(5 * e / 7))}))
+
+    def replace(self, **changes: Any) -> TrialConfig:
+        return dataclasses.replace(self, **changes)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _data(d: Mapping[str, Any]) -> DataConfig:
+    _check_keys(d, DataConfig, "data")
+    name = _str(d.get("name", "digits"), "data.name")
+    from calibtune import data as _d
+
+    if name not in _d.list_datasets():
+        raise _fail("data.name", "one of " + ", ".join(_d.list_datasets()), name)
+    root = d.get("root")
+    if root is not None:
+        root = _str(root, "data.root")
+    ood = d.get("ood")
+    if ood is not None:
+        if isinstance(ood, str) or not isinstance(ood, Sequence):
+            raise _fail("data.ood", "a list of OOD set names (or null for the defaults)", ood)
+        known = _d.list_ood()
+        for i, o in enumerate(ood):
+            if o not in known:
+                raise _fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
+        ood = tuple(ood)
+    vf = _float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
+    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood)
+
+
+def _model(d: Mapping[str, Any]) -> ModelConfig:
+    _check_keys(d, ModelConfig, "model")
+    name = _str(d.get("name", "mlp"), "model.name")
+    from calibtune import models as _m
+
+    if name not in _m.list_models():
+        raise _fail("model.name", "one of " + ", ".join(_m.list_models()), name)
+    return ModelConfig(name=name)
+
+
+def _loss(d: Mapping[str, Any]) -> LossConfig:
+    _check_keys(d, LossConfig, "loss")
+    name = _str(d.get("name", "cross_entropy"), "loss.name")
+    from calibtune.losses import LOSSES
+
+    if name not in LOSSES:
+        raise _fail("loss.name", "one of " + ", ".join(LOSSES.names()), name)
+    params = dict(_mapping(d.get("params"), "loss.params"))
+    try:
+        resolved = LOSSES.get(name).resolve(**params)
+    except ValueError as e:
+        raise _Bad(f"loss.params: {e}") from None
+    return LossConfig(name=name, params=resolved)
+
+
+def _optimizer(d: Mapping[str, Any]) -> OptimizerConfig:
+    _check_keys(d, OptimizerConfig, "optimizer")
+    o = OptimizerConfig()
+    return OptimizerConfig(
+        name=_choice(d.get("name", o.name), "optimizer.name", OPTIMIZERS),
+        lr=_float(d.get("lr", o.lr), "optimizer.lr", 0.0, low_open=True),
+        momentum=_float(d.get("momentum", o.momentum), "optimizer.momentum", 0.0, high=1.0),
+        weight_decay=_float(d.get("weight_decay", o.weight_decay), "optimizer.weight_decay", 0.0),
+        nesterov=_bool(d.get("nesterov", o.nesterov), "optimizer.nesterov"),
+    )
+
+
+def _schedule(d: Mapping[str, Any], epochs: int) -> ScheduleConfig:
+    _check_keys(d, ScheduleConfig, "schedule")
+    s = ScheduleConfig()
+    ms = d.get("milestones")
+    if ms is not None:
+        if isinstance(ms, str) or not isinstance(ms, Sequence):
+            raise _fail("schedule.milestones", "a list of epoch numbers (or null)", ms)
+        ms = tuple(_int(m, f"schedule.milestones[{i}]", 1) for i, m in enumerate(ms))
+        if list(ms) != sorted(set(ms)):
+            raise _fail("schedule.milestones", "strictly increasing epoch numbers", list(ms))
+    warm = _int(d.get("warmup_epochs", 0), "schedule.warmup_epochs", 0)
+    if warm >= epochs and warm > 0:
+        raise _fail("schedule.warmup_epochs", f"an integer < train.epochs ({epochs})", warm)
+    return ScheduleConfig(
+        name=_choice(d.get("name", s.name), "schedule.name", SCHEDULES),
+        milestones=ms,
+        gamma=_float(d.get("gamma", s.gamma), "schedule.gamma", 0.0, low_open=True, high=1.0),
+        warmup_epochs=warm,
+    )
+
+
+def _train(d: Mapping[str, Any]) -> TrainConfig:
+    _check_keys(d, TrainConfig, "train")
+    t = TrainConfig()
+    clip = d.get("grad_clip")
+    return TrainConfig(
+        epochs=_int(d.get("epochs", t.epochs), "train.epochs", 1),
+        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", 1),
+        grad_clip=None if clip is None else _float(clip, "train.grad_clip", 0.0, low_open=True),
+        checkpoint_every=_int(
+            d.get("checkpoint_every", t.checkpoint_every), "train.checkpoint_every", 1
+        ),
+        keep_checkpoints=_int(
+            d.get("keep_checkpoints", t.keep_checkpoints), "train.keep_checkpoints", 1
+        ),
+        loader_workers=_int(d.get("loader_workers", 0), "train.loader_workers", 0),
+    )
+
+
+def _eval(d: Mapping[str, Any]) -> EvalConfig:
+    _check_keys(d, EvalConfig, "eval")
+    e = EvalConfig()
+    raw = d.get("posthoc", list(DEFAULT_POSTHOC))
+    if raw is None:
+        raw = []
+    if isinstance(raw, Mapping):
+        items = [(k, _mapping(v, f"eval.posthoc.{k}")) for k, v in raw.items()]
+    elif isinstance(raw, Sequence) and not isinstance(raw, str):
+        items = [(k, {}) for k in raw]
+    else:
+        raise _fail("eval.posthoc", "a list of post-hoc names or a mapping name -> params", raw)
+    from calibtune import posthoc as _p
+
+    posthoc: dict[str, dict[str, Any]] = {}
+    for name, params in items:
+        if name not in _p.list_posthoc():
+            raise _fail("eval.posthoc", "names from " + ", ".join(_p.list_posthoc()), name)
+        try:
+            _p.build_posthoc(name, **params)
+        except (TypeError, ValueError) as err:
+            raise _Bad(f"eval.posthoc.{name}: {err}") from None
+        posthoc[name] = dict(params)
+    return EvalConfig(
+        batch_size=_int(d.get("batch_size", e.batch_size), "eval.batch_size", 1),
+        n_bins=_int(d.get("n_bins", e.n_bins), "eval.n_bins", 1),
+        test_every_epoch=_bool(
+            d.get("test_every_epoch", e.test_every_epoch), "eval.test_every_epoch"
+        ),
+        figures=_bool(d.get("figures", True), "eval.figures"),
+        posthoc=posthoc,
+        epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
+    )
+
+
+def _epoch_posthoc(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, Sequence):
+        raise _fail("eval.epoch_posthoc", "a list of post-hoc method names", raw)
+    from calibtune import posthoc as _p
+
+    for i, name in enumerate(raw):
+        if name not in _p.list_posthoc():
+            raise _fail(f"eval.epoch_posthoc[{i}]", "one of " + ", ".join(_p.list_posthoc()), name)
+    return tuple(raw)
+
+
+def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
+    _check_keys(d, ScalingConfig, "scaling")
+    rpw = _mapping(d.get("resources_per_worker"), "scaling.resources_per_worker")
+    res = {
+        _str(k, "scaling.resources_per_worker"): _float(v, f"scaling.resources_per_worker.{k}", 0.0)
+        for k, v in rpw.items()
+    }
+    return ScalingConfig(
+        num_workers=_int(d.get("num_workers", 0), "scaling.num_workers", 0),
+        use_gpu=_bool(d.get("use_gpu", False), "scaling.use_gpu"),
+        resources_per_worker=res,
+        max_failures=_int(d.get("max_failures", 0), "scaling.max_failures", 0),
+    )
+
+
+def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
+    """Validate a nested mapping (as read from YAML) into a `TrialConfig`.
+
+    Raises ``ValueError("<key.path>: expected <rule>, got <value>")`` on the first problem.
+    """
+    d = _mapping(d, "")
+    _check_keys(d, TrialConfig, "")
+
+    def sub(key: str) -> Mapping[str, Any]:
+        return _mapping(d.get(key), key)
+
+    train = _train(sub("train"))
+    return TrialConfig(
+        name=_str(d.get("name", "trial"), "name"),
+        seed=_int(d.get("seed", 1), "seed", 0),
+        storage_path=_str(d.get("storage_path", "runs/trials"), "storage_path"),
+        data=_data(sub("data")),
+        model=_model(sub("model")),
+        loss=_loss(sub("loss")),
+        optimizer=_optimizer(sub("optimizer")),
+        schedule=_schedule(sub("schedule"), train.epochs),
+        train=train,
+        eval=_eval(sub("eval")),
+        scaling=_scaling(sub("scaling")),
+    )
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, tuple | list):
+        return [_plain(x) for x in v]
+    return v
+
+
+def config_to_dict(cfg: TrialConfig) -> dict[str, Any]:
+    """Plain nested dict (lists, not tuples) that `config_from_dict` maps back to ``cfg``."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrialConfig:
+    """Read a trial YAML file, apply ``key.path=value`` overrides, validate."""
+    text = Path(path).read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})".replace("\n", " ")) from None
+    raw = {} if raw is None else raw
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
+    return config_from_dict(apply_overrides(raw, overrides))
+
+
+def save_config(cfg: TrialConfig, path: str | os.PathLike[str]) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Return a copy of ``raw`` with each ``a.b.c=value`` set (value parsed as YAML)."""
+    out = copy.deepcopy(dict(raw))
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key or any(not p for p in key.split(".")):
+            raise ValueError(f"--set: expected key.path=value, got {item!r}")
+        node = out
+        parts = key.split(".")
+        for i, p in enumerate(parts[:-1]):
+            nxt = node.get(p)
+            if nxt is None:
+                nxt = node[p] = {}
+            if not isinstance(nxt, dict):
+                raise ValueError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a mapping")
+            node = nxt
+        node[parts[-1]] = yaml.safe_load(value) if value else None
+    return out

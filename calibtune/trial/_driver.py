@@ -1,0 +1,541 @@
+"""Run one trial through Ray Train (`TorchTrainer`), locally or on workers, resumably.
+
+``scaling.num_workers == 0`` uses Ray Train's local mode (the same training function and
+``ray.train.report``/``get_context`` API, run in this process: ~no start-up cost); ``>= 1`` starts
+that many Train workers (DDP: gloo on CPU, nccl on GPU). Ray Train V2 is the default in Ray 2.60,
+so inside a Tune trial the driver is a function trainable calling `run`, which adds
+``ray.tune.integration.ray_train.TuneReportCallback`` to forward rank 0's reports (local mode
+reports to Tune directly, since its reports never leave the process).
+
+Checkpoints: with workers, rank 0 writes ``state.pt`` to a temp dir and reports it; Ray persists it
+under ``<storage_path>/<name>/`` and hands it back through ``ray.train.get_checkpoint()`` after a
+worker failure (``scaling.max_failures``) or when the same ``(storage_path, name)`` runs again.
+Local mode keeps them in ``<storage_path>/<name>/checkpoints/epoch_NNNNNN`` and resumes from the
+latest one the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from calibtune.trial._checkpoint import (
+    epoch_dir,
+    latest_local_checkpoint,
+    load_state,
+    prune_local_checkpoints,
+    restore_rng,
+    save_state,
+)
+from calibtune.trial._config import (
+    TrialConfig,
+    config_from_dict,
+    config_to_dict,
+    save_config,
+)
+
+__all__ = [
+    "TrialCallback",
+    "TrialFailedError",
+    "TrialResult",
+    "check_data_files",
+    "check_resources",
+    "run",
+]
+
+
+class TrialFailedError(RuntimeError):
+    """A trial stopped with an error; the message carries the worker's reason."""
+
+
+@runtime_checkable
+class TrialCallback(Protocol):
+    """Hook run on rank 0 inside the training process (e.g. MLflow logging by the study service).
+
+    It must be picklable (it travels to the Train worker). ``on_epoch`` receives each epoch's
+    report (flat names: ``train/loss``, ``val/ece``, ``test/ece``, ``lr``, ``epoch_time``; list
+    values only under ``adaptive/``); ``on_trial_end`` the final metrics and the artifacts folder.
+    """
+
+    def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None: ...
+
+    def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None: ...
+
+
+@dataclass
+class TrialResult:
+    """What a finished trial returns.
+
+    ``metrics``: final metrics (``test/ece``, ``test/ece@ts``, ``posthoc/ts/T``,
+    ``ood/<set>[/s<k>]/auroc[_msp][@ts]`` …); ``history``: one report dict per epoch;
+    ``artifacts_dir``: config.yaml, metrics.json, history.jsonl, reliability.json,
+    gamma_history.json, roc.json, logits.pt and figures/.
+    """
+
+    config: TrialConfig
+    metrics: dict[str, float]
+    history: list[dict[str, Any]]
+    trial_dir: Path
+    artifacts_dir: Path
+    epochs_completed: int
+    resumed_from_epoch: int = 0
+    wall_time_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- driver side
+
+
+def check_resources(cfg: TrialConfig, available: Mapping[str, float]) -> None:
+    """Fail fast when the cluster cannot hold the trial (Ray would wait forever instead)."""
+    s = cfg.scaling
+    if s.num_workers == 0:
+        if s.use_gpu and not torch.cuda.is_available():
+            raise ValueError("scaling.use_gpu: expected a visible GPU for local mode, got none")
+        return
+    per = dict(s.resources_per_worker)
+    per.setdefault("CPU", 1.0)
+    if s.use_gpu:
+        per.setdefault("GPU", 1.0)
+    for res, amount in per.items():
+        need = amount * s.num_workers
+        have = float(available.get(res, 0.0))
+        if need > have + 1e-9:
+            raise ValueError(
+                f"scaling: the trial needs {need:g} {res} ({s.num_workers} workers × {amount:g}) "
+                f"but the Ray cluster has {have:g}; lower scaling.num_workers or "
+                f"scaling.resources_per_worker, or set scaling.use_gpu=false"
+            )
+
+
+def _absolute(cfg: TrialConfig, storage_path: str | None) -> tuple[TrialConfig, Path]:
+    # relative paths would resolve inside Ray's per-worker temp dirs
+    storage = Path(storage_path or cfg.storage_path).expanduser().resolve()
+    data = cfg.data
+    if data.root is not None:
+        data = dataclasses.replace(data, root=str(Path(data.root).expanduser().resolve()))
+    return cfg.replace(storage_path=str(storage), data=data), storage
+
+
+def run(
+    config: TrialConfig | Mapping[str, Any],
+    *,
+    callbacks: Sequence[TrialCallback] = (),
+    storage_path: str | os.PathLike[str] | None = None,
+    name: str | None = None,
+    train_callbacks: Sequence[Any] = (),
+) -> TrialResult:
+    """Run one trial through Ray Train and return its `TrialResult`.
+
+    Re-running with the same ``(storage_path, name)`` resumes from the latest checkpoint (a
+    finished trial is then only re-evaluated). ``callbacks`` run on rank 0 (see `TrialCallback`);
+    ``train_callbacks`` are ``ray.train.UserCallback`` objects for the Train controller (they see
+    every rank's report; workers mode only). In local mode, ``scaling.max_failures`` retries the
+    training function in-process from the latest checkpoint, like Ray's ``FailureConfig``.
+    Raises `TrialFailedError` when training fails (e.g. ``non-finite loss at epoch e, step s``).
+    """
+    import ray
+
+    cfg = config if isinstance(config, TrialConfig) else config_from_dict(config)
+    if name is not None:
+        cfg = cfg.replace(name=name)
+    cfg, storage = _absolute(cfg, None if storage_path is None else os.fspath(storage_path))
+    trial_dir = storage / cfg.name
+    local = cfg.scaling.num_workers == 0
+
+    from ray.tune.trainable.trainable_fn_utils import _in_tune_session
+
+    in_tune = _in_tune_session()
+    run_callbacks: list[Any] = list(train_callbacks)
+    if not local:
+        if not ray.is_initialized():
+            ray.init(include_dashboard=False, log_to_driver=True)
+        check_resources(cfg, ray.cluster_resources())
+        if in_tune:
+            from ray.tune.integration.ray_train import TuneReportCallback
+
+            run_callbacks.append(TuneReportCallback())
+    else:
+        check_resources(cfg, {})
+    check_data_files(cfg)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+
+    with _quiet_local_mode(local):
+        return _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
+
+
+# Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO
+_LOCAL_MODE_LOGGERS = ("ray.train.v2.api.config", "ray.train.v2._internal.execution.train_fn_utils")
+
+
+@contextlib.contextmanager
+def _quiet_local_mode(local: bool) -> Iterator[None]:
+    loggers = [logging.getLogger(n) for n in _LOCAL_MODE_LOGGERS] if local else []
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(max(lg.getEffectiveLevel(), logging.WARNING))
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels, strict=True):
+            lg.setLevel(level)
+
+
+def _run(
+    cfg: TrialConfig,
+    storage: Path,
+    trial_dir: Path,
+    local: bool,
+    in_tune: bool,
+    run_callbacks: list[Any],
+    callbacks: Sequence[TrialCallback],
+) -> TrialResult:
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    payload = {
+        "config": config_to_dict(cfg),
+        "trial_dir": str(trial_dir),
+        "callbacks": list(callbacks),
+        "tune_report": bool(local and in_tune),
+    }
+    scaling = ray.train.ScalingConfig(
+        num_workers=cfg.scaling.num_workers,
+        use_gpu=cfg.scaling.use_gpu,
+        resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
+    )
+    run_config = ray.train.RunConfig(
+        name=cfg.name,
+        storage_path=str(storage),
+        failure_config=ray.train.FailureConfig(max_failures=cfg.scaling.max_failures),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        callbacks=run_callbacks or None,
+    )
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=payload,
+        scaling_config=scaling,
+        run_config=run_config,
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+    )
+    t0 = time.perf_counter()
+    try:
+        result = _fit(trainer, retries=cfg.scaling.max_failures if local else 0)
+    except Exception as e:  # Ray wraps worker errors; keep the worker's reason readable
+        from calibtune.data import DatasetNotFoundError
+
+        cause: BaseException | None = e
+        while cause is not None:
+            if isinstance(cause, DatasetNotFoundError):  # bad input, not a training failure
+                raise cause from None
+            cause = cause.__cause__ or cause.__context__
+        raise TrialFailedError(_reason(e)) from e
+    out = result.return_value
+    if not isinstance(out, dict):
+        raise TrialFailedError(f"trial {cfg.name!r}: training function returned no result")
+    return TrialResult(
+        config=cfg,
+        metrics=out["metrics"],
+        history=out["history"],
+        trial_dir=trial_dir,
+        artifacts_dir=Path(out["artifacts_dir"]),
+        epochs_completed=out["epochs_completed"],
+        resumed_from_epoch=out["resumed_from_epoch"],
+        wall_time_s=time.perf_counter() - t0,
+    )
+
+
+def _fit(trainer: Any, retries: int) -> Any:
+    from calibtune.training import NonFiniteLossError
+
+    for attempt in range(retries + 1):
+        try:
+            return trainer.fit()
+        except (ValueError, NonFiniteLossError):
+            raise  # bad input or divergence: a retry would fail the same way
+        except Exception:
+            if attempt == retries:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _reason(e: BaseException) -> str:
+    text = str(e)
+    for line in text.splitlines():
+        if "non-finite loss at epoch" in line:
+            return line.split("NonFiniteLossError: ")[-1].strip()
+    return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _optimizer(cfg: TrialConfig, params: Any) -> torch.optim.Optimizer:
+    o = cfg.optimizer
+    if o.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov
+        )
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return _jsonable(x.detach().cpu().tolist())
+    if isinstance(x, np.ndarray):
+        return _jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, Mapping):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
+    """Load every configured OOD set (and, with ``splits``, the dataset) so that missing files
+    raise `DatasetNotFoundError` before any training starts rather than after it."""
+    from calibtune import data as D
+
+    if splits:
+        D.load_splits(
+            cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+        )
+    names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
+    for name in names:
+        D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name)
+
+
+def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
+    from calibtune import data as D
+    from calibtune.training import OODLogits
+
+    names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
+    out = []
+    for name in names:
+        severities = D.ood_severities(name) or (None,)
+        for sev in severities:
+            ood = D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name, severity=sev)
+            key = name if sev is None else f"{name}/s{sev}"
+            out.append(OODLogits(key, infer(ood.dataset)[0]))
+    return out
+
+
+def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The Ray Train training function (runs on every worker, or in-process in local mode)."""
+    import ray.train
+    import ray.train.torch
+    from ray.train import Checkpoint
+
+    from calibtune.data import load_splits
+    from calibtune.losses import build_loss
+    from calibtune.models import build_model
+    from calibtune.training import LoopSpec, evaluate_final, infer_logits, lr_schedule, train_epochs
+
+    cfg = config_from_dict(payload["config"])
+    trial_dir = Path(payload["trial_dir"])
+    callbacks: list[TrialCallback] = payload["callbacks"]
+    # Ray 2.60 refuses ray.train.get_context/report/get_checkpoint inside a Tune session; a local
+    # mode trial there is one in-process rank that reports straight to Tune instead
+    via_tune = bool(payload["tune_report"])
+    if via_tune:
+        rank, world = 0, 1
+    else:
+        ctx = ray.train.get_context()
+        rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    local = cfg.scaling.num_workers == 0
+    device = torch.device("cpu")
+    if cfg.scaling.use_gpu:
+        device = torch.device("cuda") if local else ray.train.torch.get_device()
+
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    splits = load_splits(
+        cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+    )
+    net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
+    loss_fn = build_loss(cfg.loss.name, **dict(cfg.loss.params)).to(device)
+    optimizer = _optimizer(cfg, net.parameters())
+    # augmentation draws differ per rank; model init (above) is identical on all ranks
+    torch.manual_seed(cfg.seed * 7919 + 1 + rank)
+
+    ckpt_root = trial_dir / "checkpoints"
+    history: list[dict[str, Any]] = []
+    start_epoch = 0
+    state = None
+    ray_ckpt = None if via_tune else ray.train.get_checkpoint()
+    if ray_ckpt is not None:
+        with ray_ckpt.as_directory() as d:
+            state = load_state(d)
+    elif local and (latest := latest_local_checkpoint(ckpt_root)) is not None:
+        state = load_state(latest)
+    if state is not None:
+        net.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loss_fn.load_state_dict(state["loss"])
+        restore_rng(state["rng"])
+        start_epoch = int(state["epoch"])
+        history = list(state["history"])
+    resumed_from = start_epoch
+
+    model = ray.train.torch.prepare_model(net) if world > 1 else net
+    lr_at = lr_schedule(
+        cfg.optimizer.lr,
+        cfg.schedule.name,
+        cfg.train.epochs,
+        cfg.milestones(),
+        cfg.schedule.gamma,
+        cfg.schedule.warmup_epochs,
+    )
+
+    def on_epoch_end(epoch: int, metrics: dict[str, Any], cache: Any) -> None:
+        history.append(metrics)
+        ckpt = None
+        save = epoch % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs
+        if save and rank == 0:
+            if local:
+                d = epoch_dir(ckpt_root, epoch)
+                save_state(
+                    d, model=net, optimizer=optimizer, loss_fn=loss_fn, epoch=epoch, history=history
+                )
+                prune_local_checkpoints(ckpt_root, cfg.train.keep_checkpoints)
+            else:
+                tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
+                save_state(
+                    tmp,
+                    model=net,
+                    optimizer=optimizer,
+                    loss_fn=loss_fn,
+                    epoch=epoch,
+                    history=history,
+                )
+                ckpt = Checkpoint.from_directory(tmp)
+        if not via_tune:
+            ray.train.report(metrics, checkpoint=ckpt)
+        else:
+            from ray import tune
+
+            tune.report(_scalars(metrics))
+        if rank == 0:
+            for cb in callbacks:
+                cb.on_epoch(epoch, metrics)
+
+    spec = LoopSpec(
+        model=model,
+        loss_fn=loss_fn,
+        optimizer=optimizer,
+        lr_at=lr_at,
+        train_set=splits.train,
+        val_set=splits.val,
+        test_set=splits.test,
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        eval_batch_size=cfg.eval.batch_size,
+        n_bins=cfg.eval.n_bins,
+        seed=cfg.seed,
+        grad_clip=cfg.train.grad_clip,
+        device=device,
+        augment=splits.augment,
+        test_every_epoch=cfg.eval.test_every_epoch,
+        loader_workers=cfg.train.loader_workers,
+        rank=rank,
+        world=world,
+        eval_model=net,
+        epoch_posthoc={
+            name: dict(cfg.eval.posthoc.get(name, {})) for name in cfg.eval.epoch_posthoc
+        },
+    )
+    cache = train_epochs(spec, start_epoch=start_epoch, on_epoch_end=on_epoch_end)
+
+    def infer(ds: Any) -> Any:
+        return infer_logits(net, ds, batch_size=cfg.eval.batch_size, device=device)
+
+    if rank != 0:
+        return None
+    if cache is None or cache.test_logits is None:  # resumed after the last epoch
+        val_logits, val_labels = infer(splits.val)
+        test_logits, test_labels = infer(splits.test)
+    else:
+        val_logits, val_labels = cache.val_logits, cache.val_labels
+        test_logits, test_labels = cache.test_logits, cache.test_labels
+    final = evaluate_final(
+        val_logits,
+        val_labels,
+        test_logits,
+        test_labels,
+        posthoc=cfg.eval.posthoc,
+        ood=_ood_logits(cfg, infer),
+        n_bins=cfg.eval.n_bins,
+    )
+    art = trial_dir / "artifacts"
+    _write_artifacts(
+        art,
+        cfg=cfg,
+        final=final,
+        history=history,
+        gamma_history=list(getattr(loss_fn, "history", []) or []),
+        logits={
+            "val_logits": val_logits,
+            "val_labels": val_labels,
+            "test_logits": test_logits,
+            "test_labels": test_labels,
+        },
+    )
+    for cb in callbacks:
+        cb.on_trial_end(final.metrics, art)
+    return {
+        "metrics": final.metrics,
+        "history": history,
+        "artifacts_dir": str(art),
+        "epochs_completed": len(history),
+        "resumed_from_epoch": resumed_from,
+    }
+
+
+def _write_artifacts(
+    art: Path,
+    *,
+    cfg: TrialConfig,
+    final: Any,
+    history: list[dict[str, Any]],
+    gamma_history: list[Any],
+    logits: dict[str, torch.Tensor],
+) -> None:
+    from calibtune.plots import save_trial_figures
+
+    shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them
+    art.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, art / "config.yaml")
+    (art / "metrics.json").write_text(json.dumps(_jsonable(final.metrics), indent=1))
+    (art / "history.jsonl").write_text("".join(json.dumps(_jsonable(h)) + "\n" for h in history))
+    (art / "reliability.json").write_text(json.dumps(_jsonable(final.reliability)))
+    (art / "posthoc_params.json").write_text(json.dumps(_jsonable(final.posthoc_params)))
+    (art / "gamma_history.json").write_text(json.dumps(_jsonable(gamma_history)))
+    (art / "roc.json").write_text(json.dumps(_jsonable(final.roc)))
+    torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    if cfg.eval.figures:
+        save_trial_figures(art)

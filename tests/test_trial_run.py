@@ -1,0 +1,208 @@
+"""One trial through Ray Train local mode (``num_workers=0``): reports, artifacts, resume, failure.
+
+Ray Train's local mode runs the same training function and ``ray.train`` API in-process, so these
+tests need no Ray cluster; worker-mode tests (DDP, worker failure) are in test_trial_workers.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from calibtune.trial import TrialFailedError, TrialResult, config_from_dict, run
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread() -> Iterator[None]:
+    # tiny models on a shared 2-core machine: one intra-op thread avoids oversubscription
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+REPORT_KEYS = ("ece", "adaece", "classwise_ece", "mce", "nll", "brier", "error", "smece")
+
+
+def _cfg(tmp_path: Path, loss: str = "cross_entropy", **over: Any) -> Any:
+    raw: dict[str, Any] = {
+        "name": f"t_{loss}",
+        "storage_path": str(tmp_path),
+        "seed": 3,
+        "data": {"name": "digits", "ood": []},
+        "model": {"name": "mlp"},
+        "loss": {"name": loss},
+        "optimizer": {"lr": 0.05},
+        "train": {"epochs": 2, "batch_size": 64},
+        "eval": {"posthoc": ["ts"]},
+    }
+    for key, value in over.items():
+        node = raw
+        *parents, leaf = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return config_from_dict(raw)
+
+
+def _losses() -> list[str]:
+    from calibtune.losses import list_losses
+
+    return list_losses()
+
+
+@pytest.mark.parametrize("loss", _losses())
+def test_two_epoch_trial_reports_every_metric(tmp_path: Path, loss: str) -> None:
+    from calibtune.losses import build_loss
+    from calibtune.metrics import calibration_report
+
+    cfg = _cfg(tmp_path, loss)
+    res = run(cfg)
+    assert isinstance(res, TrialResult)
+    assert res.epochs_completed == 2 and [h["epoch"] for h in res.history] == [1, 2]
+    for h in res.history:
+        for split in ("val", "test"):
+            assert all(f"{split}/{k}" in h for k in REPORT_KEYS), sorted(h)
+        assert {"train/loss", "lr", "epoch_time"} <= set(h)
+    for k in REPORT_KEYS:
+        assert f"test/{k}" in res.metrics and f"test/{k}@ts" in res.metrics
+    assert "posthoc/ts/T" in res.metrics
+
+    # the last epoch's report equals calibtune.metrics recomputed on the saved logits
+    saved = torch.load(res.artifacts_dir / "logits.pt", weights_only=True)
+    last = res.history[-1]
+    for split in ("val", "test"):
+        ref = calibration_report(logits=saved[f"{split}_logits"], labels=saved[f"{split}_labels"])
+        for k in REPORT_KEYS:
+            assert last[f"{split}/{k}"] == pytest.approx(ref[k], rel=1e-9, abs=1e-12), (split, k)
+
+    loss_fn = build_loss(loss, **dict(cfg.loss.params))
+    gamma_history = json.loads((res.artifacts_dir / "gamma_history.json").read_text())
+    if loss_fn.adaptive:
+        every = loss_fn.update_every
+        assert every == "epoch" or isinstance(every, int)
+        updates = sum(h["adaptive/updates"] for h in res.history)
+        assert len(gamma_history) == updates >= 1
+        assert len(last["adaptive/gammas"]) == len(last["adaptive/gap"])
+        assert (res.artifacts_dir / "figures" / "gamma_dynamics.png").is_file()
+    else:
+        assert gamma_history == [] and "adaptive/gammas" not in last
+
+
+def test_artifacts_and_full_final_evaluation(tmp_path: Path) -> None:
+    from calibtune.data import default_ood
+    from calibtune.posthoc import list_posthoc
+
+    cfg = _cfg(tmp_path, "cross_entropy", eval__posthoc=list_posthoc(), data__ood=None)
+    res = run(cfg)
+    art = res.artifacts_dir
+    for f in ("config.yaml", "metrics.json", "history.jsonl", "reliability.json", "roc.json"):
+        assert (art / f).is_file(), f
+    assert (art / "figures" / "reliability.png").is_file()
+    assert config_from_dict(__import__("yaml").safe_load((art / "config.yaml").read_text())) == (
+        res.config
+    )
+    for m in list_posthoc():
+        assert f"test/ece@{m}" in res.metrics
+    from calibtune.data import ood_severities
+
+    for name in default_ood("digits"):
+        keys = [f"{name}/s{s}" for s in ood_severities(name) or ()] or [name]
+        for key in keys:
+            for m in ("auroc", "aupr", "fpr95", "auroc_msp", "auroc@ts", "auroc_msp@ts"):
+                assert f"ood/{key}/{m}" in res.metrics, (key, m)
+    roc = json.loads((art / "roc.json").read_text())
+    assert roc and (art / "figures" / "roc.png").is_file()
+    assert len((art / "history.jsonl").read_text().splitlines()) == 2
+
+
+def test_same_seed_same_metrics(tmp_path: Path) -> None:
+    a = run(_cfg(tmp_path, "cross_entropy", name="a"))
+    b = run(_cfg(tmp_path, "cross_entropy", name="b"))
+    assert a.metrics == b.metrics
+    assert [h["val/nll"] for h in a.history] == [h["val/nll"] for h in b.history]
+
+
+class _CrashOnce:
+    """Raises once after epoch ``at`` (a marker file makes the retry pass)."""
+
+    def __init__(self, marker: Path, at: int) -> None:
+        self.marker, self.at = marker, at
+
+    def on_epoch(self, epoch: int, metrics: Any) -> None:
+        if epoch == self.at and not self.marker.exists():
+            self.marker.touch()
+            raise RuntimeError("injected failure")
+
+    def on_trial_end(self, metrics: Any, artifacts_dir: Path) -> None:
+        pass
+
+
+def test_kill_and_resume_matches_uninterrupted_run(tmp_path: Path) -> None:
+    loss = "adafocal"
+    ref = run(_cfg(tmp_path, loss, name="ref", train__epochs=4))
+    crash = _CrashOnce(tmp_path / "marker", at=2)
+    cfg = _cfg(tmp_path, loss, name="crash", train__epochs=4)
+    with pytest.raises(TrialFailedError, match="injected failure"):
+        run(cfg, callbacks=[crash])
+    ckpts = sorted(p.name for p in (tmp_path / "crash" / "checkpoints").iterdir())
+    assert ckpts == ["epoch_000001", "epoch_000002"]
+    resumed = run(cfg)  # same (storage_path, name): continues from epoch 2
+    assert resumed.resumed_from_epoch == 2
+    assert resumed.epochs_completed == ref.epochs_completed == 4
+    assert [h["epoch"] for h in resumed.history] == [1, 2, 3, 4]
+    for k, v in ref.metrics.items():
+        assert resumed.metrics[k] == pytest.approx(v, rel=1e-6, abs=1e-9), k
+
+
+def test_local_mode_max_failures_retries_from_checkpoint(tmp_path: Path) -> None:
+    crash = _CrashOnce(tmp_path / "marker", at=1)
+    res = run(_cfg(tmp_path, scaling__max_failures=1), callbacks=[crash])
+    assert res.resumed_from_epoch == 1 and res.epochs_completed == 2
+
+
+def test_callbacks_see_every_epoch_and_the_artifacts(tmp_path: Path) -> None:
+    seen: list[Any] = []
+
+    class Log:
+        def on_epoch(self, epoch: int, metrics: Any) -> None:
+            seen.append((epoch, metrics["val/ece"]))
+
+        def on_trial_end(self, metrics: Any, artifacts_dir: Path) -> None:
+            seen.append(("end", (artifacts_dir / "metrics.json").is_file(), metrics["test/ece"]))
+
+    res = run(_cfg(tmp_path), callbacks=[Log()])
+    assert [s[0] for s in seen] == [1, 2, "end"]
+    assert seen[-1] == ("end", True, res.metrics["test/ece"])
+
+
+def test_diverging_config_fails_clearly(tmp_path: Path) -> None:
+    cfg = _cfg(tmp_path, optimizer__lr=1e4, optimizer__momentum=0.0)
+    with pytest.raises(TrialFailedError, match=r"non-finite loss at epoch \d+, step \d+"):
+        run(cfg)
+
+
+def test_missing_dataset_files_raise_before_training(tmp_path: Path) -> None:
+    from calibtune.data import DatasetNotFoundError
+
+    cfg = _cfg(tmp_path, data__name="cifar10", data__root=str(tmp_path / "none"))
+    with pytest.raises(DatasetNotFoundError):
+        run(cfg)
+
+
+def test_adafocal_every_n_batches_updates_on_schedule(tmp_path: Path) -> None:
+    from calibtune.data import load_splits
+
+    cfg = _cfg(tmp_path, "adafocal", loss__params={"update_every": 5})
+    res = run(cfg)
+    n_train = len(load_splits("digits", seed=cfg.seed).train)
+    per_epoch = -(-n_train // 64) // 5  # ceil(N/64) batches, an update after every 5th
+    assert [h["adaptive/updates"] for h in res.history] == [per_epoch, per_epoch]
+    records = json.loads((res.artifacts_dir / "gamma_history.json").read_text())
+    assert len(records) == 2 * per_epoch
+    assert [r["step"] for r in records] == list(range(1, 2 * per_epoch + 1))
