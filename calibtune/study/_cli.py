@@ -1,0 +1,498 @@
+"""The study-service subcommands of ``calibtune`` (argument parsing only).
+
+run, submit, resume, status, logs, compare, report, export, ui. Bad input (a malformed study, an
+unknown study, a missing dataset) is one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+
+@contextmanager
+def _usage() -> Iterator[None]:
+    """Turn bad-input exceptions into the CLI's one-line exit-2 errors."""
+    from calibtune.cli import _UsageError
+
+    try:
+        yield
+    except FileNotFoundError as exc:
+        raise _UsageError(str(exc)) from None
+    except ValueError as exc:
+        raise _UsageError(str(exc)) from None
+
+
+def _common_tracking(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: the study's tracking.uri, else sqlite:///<cwd>/mlflow.db)",
+    )
+
+
+def _storage(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage",
+        metavar="PATH",
+        help="directory holding study state (default: the study's storage:, else ./runs/studies)",
+    )
+
+
+# ------------------------------------------------------------------------------- run
+
+
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run a study (Ray Tune + Optuna), logging every trial to MLflow",
+        description=(
+            "Validate STUDY.yaml, start (or connect to) Ray, search with Optuna through Ray "
+            "Tune and log one MLflow parent run per study and one child run per trial. Running "
+            "a study whose storage already holds it continues it (like `calibtune resume`). "
+            "Prints progress, then the comparison table."
+        ),
+    )
+    p.add_argument("study", metavar="STUDY.yaml")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    _common_tracking(p)
+    _storage(p)
+    p.add_argument("--quiet", action="store_true", help="no Ray Tune progress tables")
+    p.set_defaults(func=_cmd_run)
+
+
+def _print_outcome(outcome: Any) -> None:
+    from calibtune.study._results import compare_table, format_table, locate_study
+
+    ref = locate_study(outcome.storage)
+    table = compare_table(ref)
+    print(f"\nstudy {outcome.name}: {len(table)} finished trials (best first)")
+    if not table.empty:
+        print(format_table(table, "markdown"))
+    print(
+        f"MLflow: {outcome.tracking_uri} (experiment id {outcome.experiment_id}, parent run "
+        f"{outcome.parent_run_id})"
+    )
+    print(f"see them in the MLflow UI:  calibtune ui --tracking-uri {outcome.tracking_uri}")
+    print(f"export the best config:     calibtune export {outcome.storage} --top 1")
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from calibtune.study import load_study, run_study
+
+    with _usage():
+        study = load_study(args.study)
+        outcome = run_study(
+            study,
+            address=args.address,
+            tracking_uri=args.tracking_uri,
+            storage=args.storage,
+            verbose=0 if args.quiet else 1,
+        )
+    _print_outcome(outcome)
+    failed = sum(1 for r in outcome.results if r.error is not None)
+    return 1 if failed and failed == len(outcome.results) else 0
+
+
+# ------------------------------------------------------------------------------- resume
+
+
+def _add_resume(sub: Any) -> None:
+    p = sub.add_parser(
+        "resume",
+        help="restore an interrupted study and finish its unfinished and errored trials",
+        description=(
+            "Tuner.restore a study from its storage directory (or its name under --storage), "
+            "finishing unfinished and errored trials; MLflow logging continues in the same parent "
+            "and child runs."
+        ),
+    )
+    p.add_argument("study", metavar="STUDY_NAME|PATH")
+    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    _storage(p)
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=_cmd_resume)
+
+
+def _cmd_resume(args: argparse.Namespace) -> int:
+    from calibtune.study import resume_study
+
+    with _usage():
+        outcome = resume_study(
+            args.study, address=args.address, storage=args.storage, verbose=0 if args.quiet else 1
+        )
+    _print_outcome(outcome)
+    return 0
+
+
+# ------------------------------------------------------------------------------- tables
+
+
+def _add_compare(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="table of a study's trials: parameters and chosen metrics",
+        description="One row per finished trial: its loss, hyperparameters and metrics.",
+    )
+    p.add_argument("study", metavar="STUDY", help="study YAML, storage directory or name")
+    p.add_argument("--metrics", help="comma-separated metric names (default: objectives + main)")
+    p.add_argument("--sort", help="column to sort by (default: the first objective, best first)")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    _storage(p)
+    _common_tracking(p)
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from calibtune.study._results import compare_table, format_table, locate_study
+
+    with _usage():
+        ref = locate_study(args.study, args.storage, args.tracking_uri)
+        metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
+        table = compare_table(ref, metrics, args.sort)
+    if table.empty:
+        print(f"study {ref.name}: no finished trials yet", file=sys.stderr)
+        return 0
+    print(format_table(table, args.format), end="")
+    return 0
+
+
+def _add_report(sub: Any) -> None:
+    p = sub.add_parser(
+        "report",
+        help="the papers' table: per loss, error and ECE pre/post TS, focal TS, OOD AUROC",
+        description=(
+            "Per loss (its best trial by the study objective, on validation): test error, ECE, "
+            "AdaECE and classwise ECE before and after temperature scaling (optimal T in "
+            "brackets), ECE after focal temperature scaling and OOD AUROC; values in %."
+        ),
+    )
+    p.add_argument("study", metavar="STUDY")
+    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
+    p.add_argument("--out", metavar="FILE", help="also write the table to FILE")
+    _storage(p)
+    _common_tracking(p)
+    p.set_defaults(func=_cmd_report)
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from calibtune.study._results import format_table, locate_study, report_table
+
+    with _usage():
+        ref = locate_study(args.study, args.storage, args.tracking_uri)
+        text = format_table(report_table(ref), args.format)
+    print(text, end="")
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write the best trials' configs as trial-config YAML for `calibtune train`",
+        description=(
+            "Rank finished trials by a validation metric (default: the study objective) and write "
+            "the top K resolved trial configs; `calibtune train FILE` re-runs one unchanged."
+        ),
+    )
+    p.add_argument("study", metavar="STUDY")
+    p.add_argument("--top", type=int, default=1, metavar="K")
+    p.add_argument("--metric", help="validation metric to rank by (default: the objective)")
+    p.add_argument("--out", default="exported", metavar="DIR")
+    _storage(p)
+    _common_tracking(p)
+    p.set_defaults(func=_cmd_export)
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from calibtune.study._results import export_best, locate_study
+
+    with _usage():
+        if args.top < 1:
+            raise ValueError(f"--top: expected an integer >= 1, got {args.top}")
+        ref = locate_study(args.study, args.storage, args.tracking_uri)
+        paths = export_best(ref, args.out, args.top, args.metric)
+    for path in paths:
+        print(path)
+    return 0
+
+
+# ------------------------------------------------------------------------------- cluster jobs
+
+
+def _ray_address(address: str | None) -> str:
+    addr = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if not addr:
+        raise ValueError(
+            "--address: expected the Ray dashboard address (http://HEAD:8265), got none"
+        )
+    # Ray 2.60 clusters use token auth; clients of an explicit address must say so.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    return addr
+
+
+def _job_client(address: str | None) -> Any:
+    try:
+        from ray.job_submission import JobSubmissionClient
+    except ImportError:  # pragma: no cover - ray[default] is in the test extras
+        raise ValueError(
+            "submit: expected ray[default] (pip install 'calibtune[cluster]')"
+        ) from None
+    return JobSubmissionClient(_ray_address(address))
+
+
+def _add_submit(sub: Any) -> None:
+    p = sub.add_parser(
+        "submit",
+        help="submit a study to a Ray cluster as a Ray Job",
+        description=(
+            "Submit `calibtune run STUDY.yaml --address auto` as a Ray Job with the project as "
+            "working directory. Storage and the tracking URI must be reachable from the cluster "
+            "(shared paths, an MLflow server); relative paths are made absolute here."
+        ),
+    )
+    p.add_argument("study", metavar="STUDY.yaml")
+    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
+    _common_tracking(p)
+    _storage(p)
+    p.add_argument(
+        "--python",
+        default=sys.executable,
+        help="interpreter with calibtune installed on the cluster (default: this one)",
+    )
+    p.add_argument("--wait", action="store_true", help="follow the job's logs until it ends")
+    p.set_defaults(func=_cmd_submit)
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from calibtune.study import load_study
+    from calibtune.study._search import default_storage
+    from calibtune.study._tracking import resolve_tracking_uri
+
+    with _usage():
+        study = load_study(args.study)
+        client = _job_client(args.address)
+        storage = Path(args.storage or study.storage or default_storage()).expanduser().resolve()
+        uri = resolve_tracking_uri(args.tracking_uri or study.tracking.uri)
+        root = _project_root(Path(args.study))
+        staged = _stage_study(study, root)
+        entry = (
+            f"{args.python} -m calibtune run {staged.relative_to(root)} --address auto "
+            f"--storage {storage} --tracking-uri {uri} --quiet"
+        )
+        job_id = client.submit_job(
+            entrypoint=entry,
+            runtime_env={
+                "working_dir": str(root),
+                "excludes": [".venv", "runs", "mlflow.db", ".git", "exported", "*.pt", "data"],
+            },
+            metadata={"calibtune.study": study.name},
+        )
+    print(f"submitted study {study.name} as Ray job {job_id}")
+    print(f"follow it: calibtune status {job_id} --address {args.address or ''}".rstrip())
+    if args.wait:
+        return _follow(client, job_id)
+    return 0
+
+
+def _project_root(study_path: Path) -> Path:
+    """The directory with pyproject.toml above the study (else the working directory)."""
+    for d in [study_path.resolve().parent, *study_path.resolve().parents]:
+        if (d / "pyproject.toml").exists() and (d / "calibtune").is_dir():
+            return d
+    return Path.cwd().resolve()
+
+
+def _stage_study(study: Any, root: Path) -> Path:
+    """A self-contained copy of the study (search spaces inlined) inside the uploaded working
+    directory, so the job finds it whatever the study's location here."""
+    import hashlib
+
+    import yaml
+
+    from calibtune.study._spaces import load_yaml
+
+    raw = yaml.safe_load(study.text)
+    for i, item in enumerate(raw.get("losses") or []):
+        if isinstance(item, dict) and isinstance(item.get("space"), str):
+            space = load_yaml(study.losses[i].loss.path)
+            item.pop("space")
+            item["name"] = space["loss"]
+            item["params"] = space.get("params") or {}
+    text = yaml.safe_dump(raw, sort_keys=False)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    target = root / ".calibtune" / "submitted" / f"{study.name}-{digest}.yaml"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return target
+
+
+def _follow(client: Any, job_id: str) -> int:
+    from ray.job_submission import JobStatus
+
+    while True:
+        status = client.get_job_status(job_id)
+        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
+            print(client.get_job_logs(job_id), end="")
+            print(f"job {job_id}: {status}")
+            return 0 if status == JobStatus.SUCCEEDED else 1
+        time.sleep(2)
+
+
+def _add_status(sub: Any) -> None:
+    p = sub.add_parser(
+        "status",
+        help="status of submitted study jobs (all, or one JOB_ID)",
+        description="List calibtune jobs on the cluster with their status, or one job's status.",
+    )
+    p.add_argument("job_id", nargs="?", metavar="JOB_ID")
+    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
+    p.set_defaults(func=_cmd_status)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    with _usage():
+        client = _job_client(args.address)
+        if args.job_id:
+            try:
+                info = client.get_job_info(args.job_id)
+            except RuntimeError:
+                raise ValueError(
+                    f"JOB_ID: expected a job on this cluster, got {args.job_id!r}"
+                ) from None
+            jobs = [info]
+        else:
+            jobs = [j for j in client.list_jobs() if (j.metadata or {}).get("calibtune.study")]
+    for j in jobs:
+        study = (j.metadata or {}).get("calibtune.study", "-")
+        print(f"{j.submission_id}\t{j.status}\t{study}\t{j.message or ''}")
+    return 0
+
+
+def _add_logs(sub: Any) -> None:
+    p = sub.add_parser("logs", help="print a submitted study job's logs")
+    p.add_argument("job_id", metavar="JOB_ID")
+    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
+    p.set_defaults(func=_cmd_logs)
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    with _usage():
+        client = _job_client(args.address)
+        try:
+            logs = client.get_job_logs(args.job_id)
+        except RuntimeError:
+            raise ValueError(
+                f"JOB_ID: expected a job on this cluster, got {args.job_id!r}"
+            ) from None
+    print(logs, end="")
+    return 0
+
+
+# ------------------------------------------------------------------------------- ui
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_ui(uri: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``mlflow ui`` on 127.0.0.1 (a free port by default); return it once it answers."""
+    port = port or free_port()
+    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [
+            mlflow_bin,
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"mlflow ui exited with {proc.returncode}: {err.strip()[-500:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    stop_ui(proc)
+    raise RuntimeError(f"mlflow ui did not answer on {url} within 60 s")
+
+
+def stop_ui(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _add_ui(sub: Any) -> None:
+    p = sub.add_parser(
+        "ui",
+        help="start the MLflow UI on 127.0.0.1 and print its URL",
+        description="Serve the tracking store with `mlflow ui` on 127.0.0.1; Ctrl-C stops it.",
+    )
+    _common_tracking(p)
+    p.add_argument("--port", type=int, help="port (default: a free one)")
+    p.set_defaults(func=_cmd_ui)
+
+
+def _cmd_ui(args: argparse.Namespace) -> int:
+    from calibtune.study._tracking import resolve_tracking_uri
+
+    with _usage():
+        uri = resolve_tracking_uri(args.tracking_uri)
+        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
+            raise ValueError(
+                f"--tracking-uri: expected an existing store, got {uri} (run a study first)"
+            )
+    proc, url = start_ui(uri, args.port)
+    print(f"MLflow UI for {uri}: {url}   (Ctrl-C to stop)", flush=True)
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        stop_ui(proc)
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Any], None]] = {
+    "run": _add_run,
+    "submit": _add_submit,
+    "resume": _add_resume,
+    "status": _add_status,
+    "logs": _add_logs,
+    "compare": _add_compare,
+    "report": _add_report,
+    "export": _add_export,
+    "ui": _add_ui,
+}

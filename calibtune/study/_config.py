@@ -1,0 +1,383 @@
+"""The study file: a frozen, validated description of one hyperparameter study.
+
+A study is a base trial config (the ``calibtune train`` format, see docs/trial.md) without a loss,
+the losses to compare (each with a search space), optional searched trial-config keys, search
+settings and tracking. Every error names the file, the key path and what was expected, e.g.
+``studies/x.yaml: search.num_samples: expected an integer >= 1, got 'ten'``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from optuna.distributions import CategoricalDistribution
+
+from calibtune.study._spaces import (
+    LossSpace,
+    Space,
+    SpaceError,
+    build_distribution,
+    load_yaml,
+    parse_loss_space,
+)
+
+SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
+SCHEDULERS = ("none", "asha")
+MODES = ("min", "max")
+STUDY_KEYS = ("name", "description", "trial", "losses", "space", "search", "tracking", "storage")
+SEARCH_KEYS = (
+    "sampler",
+    "sampler_seed",
+    "num_samples",
+    "max_concurrent",
+    "objectives",
+    "scheduler",
+    "grace_period",
+    "seeds",
+    "max_failures",
+)
+TRACKING_KEYS = ("uri", "experiment")
+LOSS_KEYS = ("name", "label", "space", "params")
+# Selection must never look at test data: objectives are validation (or training) metrics.
+SELECTABLE_PREFIXES = ("val/", "train/")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class StudyError(ValueError):
+    """A malformed study; the message is one line: ``file: key.path: expected X, got Y``."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    metric: str
+    mode: str = "min"
+
+
+@dataclass(frozen=True)
+class LossChoice:
+    """One arm of the study: a registered loss with its search space (``label`` is unique)."""
+
+    label: str
+    loss: LossSpace
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    sampler: str = "tpe"
+    sampler_seed: int = 0
+    num_samples: int = 8
+    max_concurrent: int = 2
+    objectives: tuple[Objective, ...] = (Objective("val/ece@ts", "min"),)
+    scheduler: str = "none"
+    grace_period: int = 1
+    seeds: tuple[int, ...] = (1,)
+    max_failures: int = 0
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """``uri=None``: a local SQLite store ``sqlite:///<cwd>/mlflow.db``."""
+
+    uri: str | None = None
+    experiment: str | None = None
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    name: str
+    path: str | None
+    text: str
+    trial: Mapping[str, Any]
+    losses: tuple[LossChoice, ...]
+    space: Space
+    search: SearchConfig = field(default_factory=SearchConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    storage: str | None = None
+    description: str = ""
+
+    @property
+    def file_hash(self) -> str:
+        return hashlib.sha256(self.text.encode()).hexdigest()[:16]
+
+    @property
+    def experiment(self) -> str:
+        return self.tracking.experiment or f"calibtune/{self.name}"
+
+    def loss(self, label: str) -> LossChoice:
+        for c in self.losses:
+            if c.label == label:
+                return c
+        raise KeyError(label)
+
+
+# ------------------------------------------------------------------------------- parsing
+
+
+def _int(v: Any, path: str, low: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if not (isinstance(v, float) and v.is_integer()):
+            raise StudyError(f"{path}: expected an integer >= {low}, got {v!r}")
+        v = int(v)
+    if v < low:
+        raise StudyError(f"{path}: expected an integer >= {low}, got {v!r}")
+    return v
+
+
+def _mapping(v: Any, path: str, keys: Sequence[str] | None = None) -> Mapping[str, Any]:
+    if v is None:
+        return {}
+    if not isinstance(v, Mapping):
+        raise StudyError(f"{path}: expected a mapping, got {v!r}")
+    if keys is not None:
+        for k in v:
+            if k not in keys:
+                raise StudyError(f"{path}.{k}: unknown key; expected one of {', '.join(keys)}")
+    return v
+
+
+def _objectives(raw: Any) -> tuple[Objective, ...]:
+    path = "search.objectives"
+    if raw is None:
+        return SearchConfig().objectives
+    if isinstance(raw, (str, Mapping)):
+        raw = [raw]
+    if not isinstance(raw, Sequence) or not raw:
+        raise StudyError(f"{path}: expected a non-empty list of {{metric, mode}}, got {raw!r}")
+    out = []
+    for i, item in enumerate(raw):
+        where = f"{path}[{i}]"
+        if isinstance(item, str):
+            item = {"metric": item}
+        item = _mapping(item, where, ("metric", "mode"))
+        metric = item.get("metric")
+        if not isinstance(metric, str) or not metric:
+            raise StudyError(
+                f"{where}.metric: expected a metric name such as val/ece, got {metric!r}"
+            )
+        if not metric.startswith(SELECTABLE_PREFIXES):
+            raise StudyError(
+                f"{where}.metric: expected a validation metric (val/...; selection never uses "
+                f"test or OOD data), got {metric!r}"
+            )
+        mode = item.get("mode", "min")
+        if mode not in MODES:
+            raise StudyError(f"{where}.mode: expected 'min' or 'max', got {mode!r}")
+        out.append(Objective(metric, mode))
+    if len({o.metric for o in out}) != len(out):
+        raise StudyError(f"{path}: expected distinct metrics, got {[o.metric for o in out]}")
+    return tuple(out)
+
+
+def _search(raw: Any) -> SearchConfig:
+    d = _mapping(raw, "search", SEARCH_KEYS)
+    s = SearchConfig()
+    sampler = d.get("sampler", s.sampler)
+    if sampler not in SAMPLERS:
+        raise StudyError(f"search.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+    scheduler = d.get("scheduler", s.scheduler)
+    scheduler = "none" if scheduler is None else scheduler
+    if scheduler not in SCHEDULERS:
+        raise StudyError(f"search.scheduler: expected 'none' or 'asha', got {scheduler!r}")
+    objectives = _objectives(d.get("objectives"))
+    if scheduler == "asha" and len(objectives) > 1:
+        raise StudyError(
+            "search.scheduler: expected 'none' for a multi-objective study (ASHA stops trials on "
+            f"one metric), got 'asha' with {len(objectives)} objectives"
+        )
+    if sampler == "nsga2" and len(objectives) < 2:
+        pass  # NSGA-II also works single-objective
+    seeds = d.get("seeds", list(s.seeds))
+    if isinstance(seeds, int) and not isinstance(seeds, bool):
+        seeds = [seeds]
+    if not isinstance(seeds, Sequence) or isinstance(seeds, str) or not seeds:
+        raise StudyError(f"search.seeds: expected a non-empty list of integers, got {seeds!r}")
+    seeds = tuple(_int(x, f"search.seeds[{i}]", 0) for i, x in enumerate(seeds))
+    if len(set(seeds)) != len(seeds):
+        raise StudyError(f"search.seeds: expected distinct seeds, got {list(seeds)}")
+    return SearchConfig(
+        sampler=sampler,
+        sampler_seed=_int(d.get("sampler_seed", s.sampler_seed), "search.sampler_seed", 0),
+        num_samples=_int(d.get("num_samples", s.num_samples), "search.num_samples", 1),
+        max_concurrent=_int(d.get("max_concurrent", s.max_concurrent), "search.max_concurrent", 1),
+        objectives=objectives,
+        scheduler=scheduler,
+        grace_period=_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
+        seeds=seeds,
+        max_failures=_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
+    )
+
+
+def _tracking(raw: Any) -> TrackingConfig:
+    d = _mapping(raw, "tracking", TRACKING_KEYS)
+    uri, exp = d.get("uri"), d.get("experiment")
+    if uri is not None and (not isinstance(uri, str) or not uri):
+        raise StudyError(f"tracking.uri: expected a tracking URI string or null, got {uri!r}")
+    if exp is not None and (not isinstance(exp, str) or not exp):
+        raise StudyError(f"tracking.experiment: expected a non-empty string, got {exp!r}")
+    return TrackingConfig(uri, exp)
+
+
+def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
+    if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
+        raise StudyError(f"losses: expected a non-empty list of losses, got {raw!r}")
+    out: list[LossChoice] = []
+    for i, item in enumerate(raw):
+        where = f"losses[{i}]"
+        if isinstance(item, str):
+            item = {"name": item}
+        item = _mapping(item, where, LOSS_KEYS)
+        space_ref = item.get("space")
+        if space_ref is not None and "params" in item:
+            raise StudyError(
+                f"{where}: expected either space (a file) or params (inline), got both"
+            )
+        try:
+            if isinstance(space_ref, str):
+                path = (base_dir / space_ref).resolve()
+                ls = parse_loss_space(load_yaml(path), f"{where}.space ({space_ref})", str(path))
+                if "name" in item and item["name"] != ls.loss:
+                    raise StudyError(
+                        f"{where}.name: expected {ls.loss!r} (the loss of {space_ref}), "
+                        f"got {item['name']!r}"
+                    )
+            elif space_ref is None:
+                ls = parse_loss_space(
+                    {"loss": item.get("name"), "params": item.get("params")}, where
+                )
+            else:
+                raise StudyError(
+                    f"{where}.space: expected a path to a search_spaces/*.yaml file, "
+                    f"got {space_ref!r}"
+                )
+        except SpaceError as exc:
+            raise StudyError(str(exc)) from None
+        label = item.get("label", ls.loss)
+        if not isinstance(label, str) or not _NAME.match(label):
+            raise StudyError(
+                f"{where}.label: expected a name of letters, digits, _.-, got {label!r}"
+            )
+        if any(c.label == label for c in out):
+            raise StudyError(
+                f"{where}: expected distinct losses (set label: to compare two spaces of one "
+                f"loss), got {label!r} twice"
+            )
+        out.append(LossChoice(label, ls))
+    return tuple(out)
+
+
+def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
+    """Searched trial-config keys (``optimizer.lr``, ``eval.n_bins``...), checked by building
+    a trial config at both ends of each range."""
+    from calibtune.trial import config_from_dict
+    from calibtune.trial._config import apply_overrides
+
+    d = _mapping(raw, "space")
+    dists = {}
+    for key, spec in d.items():
+        where = f"space.{key}"
+        if not isinstance(key, str) or key.split(".")[0] in ("loss", "name", "seed"):
+            raise StudyError(
+                f"{where}: expected a trial-config key other than loss/name/seed (loss "
+                "hyperparameters belong in losses[].space), got it"
+            )
+        if not isinstance(spec, Mapping):
+            raise StudyError(f"{where}: expected a distribution {{type, ...}}, got {spec!r}")
+        try:
+            dist = build_distribution(spec, where)
+        except SpaceError as exc:
+            raise StudyError(str(exc)) from None
+        ends = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
+        for v in ends:
+            try:
+                import json
+
+                config_from_dict(apply_overrides(base_trial, [f"{key}={json.dumps(v)}"]))
+            except ValueError as exc:
+                raise StudyError(f"{where}: value {v!r} is not valid here ({exc})") from None
+        dists[key] = dist
+    return Space(dists, {})
+
+
+def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfig:
+    """Validate a study mapping; errors are prefixed with ``path``."""
+    prefix = f"{path}: " if path else ""
+    base_dir = Path(path).resolve().parent if path else Path.cwd()
+    try:
+        d = _mapping(raw, "study", STUDY_KEYS)
+        name = d.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise StudyError(f"name: expected a name of letters, digits, _.- , got {name!r}")
+        trial = dict(_mapping(d.get("trial"), "trial"))
+        if "loss" in trial:
+            raise StudyError("trial.loss: unknown key; the losses to compare go under losses:")
+        if "seed" in trial:
+            raise StudyError("trial.seed: unknown key; seeds go under search.seeds")
+        # validate the base trial config once, with a placeholder loss
+        from calibtune.trial import config_from_dict
+
+        try:
+            config_from_dict({**trial, "loss": {"name": "cross_entropy"}})
+        except ValueError as exc:
+            raise StudyError(f"trial.{exc}") from None
+        losses = _losses(d.get("losses"), base_dir)
+        search = _search(d.get("search"))
+        space = _trial_space(d.get("space"), {**trial, "loss": {"name": "cross_entropy"}})
+        if search.sampler == "grid":
+            size = 0
+            for c in losses:
+                n = 1
+                for pname, dist in {**c.loss.space.dists, **space.dists}.items():
+                    if not isinstance(dist, CategoricalDistribution):
+                        raise StudyError(
+                            "search.sampler: expected categorical distributions only for 'grid', "
+                            f"got {type(dist).__name__} for {c.label}.{pname}"
+                        )
+                    n *= len(dist.choices)
+                size += n
+            if search.num_samples != size:
+                raise StudyError(
+                    f"search.num_samples: expected {size} (the size of the grid) for sampler "
+                    f"'grid', got {search.num_samples}"
+                )
+        storage = d.get("storage")
+        if storage is not None and (not isinstance(storage, str) or not storage):
+            raise StudyError(f"storage: expected a directory path or null, got {storage!r}")
+        desc = d.get("description", "")
+        if not isinstance(desc, str):
+            raise StudyError(f"description: expected a string, got {desc!r}")
+        return StudyConfig(
+            name=name,
+            path=path,
+            text=text,
+            trial=trial,
+            losses=losses,
+            space=space,
+            search=search,
+            tracking=_tracking(d.get("tracking")),
+            storage=storage,
+            description=desc,
+        )
+    except StudyError as exc:
+        raise StudyError(prefix + " ".join(str(exc).split())) from None
+
+
+def load_study(path: str | Path) -> StudyConfig:
+    """Read and validate a study YAML file."""
+    p = Path(path)
+    if not p.is_file():
+        raise StudyError(f"{p}: expected a study YAML file, found nothing at that path")
+    text = p.read_text()
+    try:
+        raw = load_yaml(p)
+    except SpaceError as exc:
+        raise StudyError(str(exc)) from None
+    if raw is None:
+        raise StudyError(
+            f"{p}: expected a study mapping (name, trial, losses, ...), got an empty file"
+        )
+    return parse_study(raw, str(path), text)

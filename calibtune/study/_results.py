@@ -1,0 +1,326 @@
+"""Reading a study back from MLflow: comparison tables, the papers' report table, export.
+
+MLflow is the source of truth: a study's trials are the child runs of its parent run (found
+through the study's state file, or by the ``calibtune.study`` tag). Metric names come back in
+calibtune's form (``test/ece@ts``), params as logged (``loss``, ``loss.gamma``...).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from calibtune.study._search import STATE_FILE, default_storage
+from calibtune.study._tracking import (
+    PARENT,
+    TAG_KIND,
+    TAG_STATUS,
+    TAG_STUDY,
+    TAG_TRIAL,
+    _client,
+    find_runs,
+    mlflow_metric_name,
+    resolve_tracking_uri,
+)
+
+
+class StudyNotFoundError(ValueError):
+    """No such study in the storage directory or the tracking store."""
+
+
+@dataclass(frozen=True)
+class StudyRef:
+    name: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    objectives: tuple[tuple[str, str], ...]  # (metric, mode)
+
+
+def locate_study(
+    study: str | Path, storage: str | Path | None = None, tracking_uri: str | None = None
+) -> StudyRef:
+    """Find a study by its YAML file, its storage directory, or its name."""
+    from calibtune.study._config import load_study, parse_study
+
+    p = Path(study)
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        cfg = load_study(p)
+        sdir = Path(storage or cfg.storage or default_storage()).expanduser().resolve() / cfg.name
+    elif (p / STATE_FILE).is_file():
+        sdir = p.resolve()
+    else:
+        sdir = Path(storage or default_storage()).expanduser().resolve() / str(study)
+    state_file = sdir / STATE_FILE
+    if not state_file.is_file():
+        raise StudyNotFoundError(
+            f"{study}: expected a study that has run (its state file {state_file}), found none; "
+            "run it first with `calibtune run STUDY.yaml`"
+        )
+    state = json.loads(state_file.read_text())
+    text = (sdir / "study.yaml").read_text()
+    cfg = parse_study(yaml.safe_load(text), state.get("study_path"), text)
+    return StudyRef(
+        cfg.name,
+        resolve_tracking_uri(tracking_uri) if tracking_uri else state["tracking_uri"],
+        state["experiment_id"],
+        state["parent_run_id"],
+        tuple((o.metric, o.mode) for o in cfg.search.objectives),
+    )
+
+
+def _metric_back(name: str) -> str:
+    """Inverse of `mlflow_metric_name` for the post-hoc suffixes calibtune produces."""
+    head, sep, tail = name.rpartition(".")
+    if sep and "/" in head and tail and not tail[0].isdigit() and "/" not in tail:
+        return f"{head}@{tail}"
+    return name
+
+
+def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFrame:
+    """One row per trial (child run): ids, status, loss, params and final metrics."""
+    runs = find_runs(
+        ref.tracking_uri,
+        ref.experiment_id,
+        f"tags.`{PARENT}` = '{ref.parent_run_id}' and tags.`{TAG_KIND}` = 'trial'",
+    )
+    rows = []
+    for r in runs:
+        status = r.data.tags.get(TAG_STATUS, "unknown")
+        if not include_unfinished and status != "finished":
+            continue
+        row: dict[str, Any] = {
+            "trial_id": r.data.tags.get(TAG_TRIAL),
+            "run_id": r.info.run_id,
+            "status": status,
+        }
+        for k, v in r.data.params.items():
+            row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
+        for k, v in r.data.metrics.items():
+            row[_metric_back(k)] = v
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if df.empty:
+        return df
+    lead = ["trial_id", "loss_label", "loss", "status", "run_id"]
+    params = sorted(c for c in df.columns if c.startswith("param:"))
+    metrics = sorted(c for c in df.columns if c not in lead and c not in params)
+    return df[[c for c in lead if c in df.columns] + params + metrics]
+
+
+def _parse_param(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except (ValueError, TypeError):
+        return v
+
+
+def compare_table(
+    ref: StudyRef, metrics: Sequence[str] | None = None, sort: str | None = None
+) -> pd.DataFrame:
+    """Trials with their params and the chosen metrics, sorted by ``sort`` (default: the first
+    objective, best first)."""
+    df = trials_frame(ref)
+    if df.empty:
+        return df
+    objective, mode = ref.objectives[0]
+    if metrics is None:
+        metrics = [m for m, _ in ref.objectives] + [
+            m
+            for m in ("val/ece", "test/error", "test/ece", "test/ece@ts")
+            if m not in dict(ref.objectives)
+        ]
+    missing = [m for m in metrics if m not in df.columns]
+    known = sorted(c for c in df.columns if "/" in c)
+    if missing:
+        raise ValueError(
+            f"--metrics: expected metrics the trials logged (e.g. {', '.join(known[:8])}), "
+            f"got {', '.join(missing)}"
+        )
+    params = [c for c in df.columns if c.startswith("param:")]
+    out = df[["trial_id", "loss_label", *params, *metrics]]
+    key = sort or objective
+    if key not in out.columns:
+        raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
+    ascending = True if key != objective else mode == "min"
+    return out.sort_values(key, ascending=ascending, kind="stable").reset_index(drop=True)
+
+
+def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.DataFrame:
+    """The ``top`` finished trials by a validation metric (default: the study's objective)."""
+    df = trials_frame(ref)
+    objective, mode = ref.objectives[0]
+    metric = metric or objective
+    if not metric.startswith(("val/", "train/")):
+        raise ValueError(
+            "--metric: expected a validation metric (val/...; never select on test data), "
+            f"got {metric!r}"
+        )
+    if df.empty or metric not in df.columns:
+        raise ValueError(f"--metric: expected a metric the finished trials logged, got {metric!r}")
+    if metric != objective:
+        mode = "max" if any(s in metric for s in ("auroc", "aupr", "acc")) else "min"
+    df = df[df[metric].notna()]
+    return df.sort_values(metric, ascending=(mode == "min"), kind="stable").head(top)
+
+
+REPORT_COLUMNS = [
+    ("Error", "test/error", None),
+    ("ECE", "test/ece", "test/ece@ts"),
+    ("AdaECE", "test/adaece", "test/adaece@ts"),
+    ("Classwise ECE", "test/classwise_ece", "test/classwise_ece@ts"),
+]
+
+
+def _pct(v: Any) -> float:
+    return float("nan") if v is None or (isinstance(v, float) and math.isnan(v)) else 100 * float(v)
+
+
+def report_table(ref: StudyRef) -> pd.DataFrame:
+    """The seeds' table: per loss (its best trial by the objective) test error, ECE, AdaECE and
+    classwise ECE before and after temperature scaling (optimal T in brackets), after focal
+    temperature scaling, and OOD AUROC; values in %."""
+    df = trials_frame(ref)
+    if df.empty:
+        return df
+    objective, mode = ref.objectives[0]
+    rows = []
+    for label, group in df.groupby("loss_label", sort=False):
+        g = group[group[objective].notna()] if objective in group else group
+        if g.empty:
+            continue
+        best = g.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
+        row: dict[str, Any] = {"loss": label}
+        t = best.get("posthoc/ts/T")
+        for title, pre, post in REPORT_COLUMNS:
+            row[title] = _pct(best.get(pre))
+            if post:
+                val = _pct(best.get(post))
+                row[f"{title} (TS)"] = (
+                    f"{val:.2f} ({t:.1f})"
+                    if isinstance(t, float) and not math.isnan(t)
+                    else f"{val:.2f}"
+                )
+        row["ECE (focal TS)"] = _pct(best.get("test/ece@focal_ts"))
+        for col in sorted(c for c in best.index if c.startswith("ood/") and c.endswith("/auroc")):
+            row[f"AUROC {col[4:-6]}"] = _pct(best.get(col))
+        row["trial"] = best["trial_id"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def format_table(df: pd.DataFrame, fmt: str) -> str:
+    if fmt == "csv":
+        return df.to_csv(index=False)
+    if fmt == "markdown":
+        return _markdown(df)
+    raise ValueError(f"--format: expected csv or markdown, got {fmt!r}")
+
+
+def _markdown(df: pd.DataFrame) -> str:
+    """A GitHub markdown table (no `tabulate` dependency)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "" if math.isnan(v) else f"{v:.4g}"
+        return str(v)
+
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for _, r in df.iterrows():
+        lines.append("| " + " | ".join(cell(r[c]) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def export_best(
+    ref: StudyRef, out_dir: str | Path, top: int = 1, metric: str | None = None
+) -> list[Path]:
+    """Write the best trials' configs as trial-config YAML files that ``calibtune train`` re-runs.
+
+    The trial's own logged ``config.yaml`` is used (the exact resolved config), with its run name
+    and storage reset so that re-training starts fresh instead of resuming the study's trial.
+    """
+    best = best_trials(ref, metric, top)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    client = _client(ref.tracking_uri)
+    written = []
+    for rank, (_, row) in enumerate(best.iterrows(), start=1):
+        run_id = row["run_id"]
+        seed_runs = find_runs(ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{run_id}'")
+        source = (
+            sorted(seed_runs, key=lambda r: r.info.start_time)[0].info.run_id
+            if seed_runs
+            else run_id
+        )
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                local = client.download_artifacts(source, "config.yaml", tmp)
+            except Exception as exc:
+                raise ValueError(
+                    f"trial {row['trial_id']}: expected a logged config.yaml artifact, "
+                    f"found none ({exc})"
+                ) from None
+            cfg = yaml.safe_load(Path(local).read_text())
+        name = f"{ref.name}-{row['loss_label']}-top{rank}"
+        cfg["name"] = name
+        cfg.pop("storage_path", None)
+        target = out / f"{name}.yaml"
+        header = (
+            f"# exported by `calibtune export` from study {ref.name!r}, trial {row['trial_id']} "
+            f"(MLflow run {run_id}), rank {rank} by {metric or ref.objectives[0][0]}\n"
+        )
+        tmp_target = target.with_suffix(".yaml.tmp")
+        tmp_target.write_text(header + yaml.safe_dump(cfg, sort_keys=False))
+        shutil.move(str(tmp_target), target)
+        written.append(target)
+    return written
+
+
+def study_summary(ref: StudyRef) -> dict[str, Any]:
+    df = trials_frame(ref, include_unfinished=True)
+    counts = df["status"].value_counts().to_dict() if not df.empty else {}
+    return {
+        "study": ref.name,
+        "trials": len(df),
+        **{str(k): int(v) for k, v in counts.items()},
+    }
+
+
+def find_study_runs(uri: str, name: str) -> list[Any]:
+    """Parent runs tagged with this study name, across all experiments."""
+    client = _client(resolve_tracking_uri(uri))
+    exps = [e.experiment_id for e in client.search_experiments()]
+    return (
+        list(
+            client.search_runs(
+                exps, filter_string=f"tags.`{TAG_STUDY}` = '{name}'", max_results=100
+            )
+        )
+        if exps
+        else []
+    )
+
+
+__all__ = [
+    "StudyNotFoundError",
+    "StudyRef",
+    "best_trials",
+    "compare_table",
+    "export_best",
+    "format_table",
+    "locate_study",
+    "mlflow_metric_name",
+    "report_table",
+    "study_summary",
+    "trials_frame",
+]

@@ -1,0 +1,252 @@
+"""Search spaces as data, in Optuna's vocabulary, validated against the registries.
+
+A space maps names to either a constant or a distribution spec::
+
+    gamma: {type: float, low: 0.5, high: 5.0, log: false}     # optuna FloatDistribution
+    n_bins: {type: int, low: 5, high: 30, step: 5}             # optuna IntDistribution
+    update_every: {type: categorical, choices: [epoch, 50]}    # optuna CategoricalDistribution
+    lam: 1.0                                                   # fixed value
+
+Distributions are built by Optuna's own constructors (so their messages reach the user) and checked
+against the declared `Param` ranges of the loss registry (loss spaces) or against the trial-config
+validator (spaces over trial-config keys such as ``optimizer.lr`` or ``eval.n_bins``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from calibtune._registry import Param
+
+SPEC_KEYS = {
+    "float": {"type", "low", "high", "step", "log"},
+    "int": {"type", "low", "high", "step", "log"},
+    "categorical": {"type", "choices"},
+}
+
+
+class SpaceError(ValueError):
+    """A search-space problem; the message names the file/key path and the broken rule."""
+
+
+@dataclass(frozen=True)
+class Space:
+    """A validated space: ``dists`` are sampled, ``fixed`` are constants (both keyed by name)."""
+
+    dists: Mapping[str, BaseDistribution]
+    fixed: Mapping[str, Any]
+
+    def names(self) -> list[str]:
+        return sorted({*self.dists, *self.fixed})
+
+
+def _number(v: Any, where: str, what: str) -> float:
+    if isinstance(v, str):
+        with contextlib.suppress(ValueError):  # YAML 1.1 reads 5e-4 as a string
+            v = float(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise SpaceError(f"{where}.{what}: expected a number, got {v!r}")
+    return v
+
+
+def build_distribution(spec: Mapping[str, Any], where: str) -> BaseDistribution:
+    """Turn ``{type: float|int|categorical, ...}`` into an Optuna distribution."""
+    kind = spec.get("type")
+    if kind not in SPEC_KEYS:
+        raise SpaceError(f"{where}.type: expected one of float, int, categorical, got {kind!r}")
+    unknown = sorted(set(spec) - SPEC_KEYS[kind])
+    if unknown:
+        raise SpaceError(
+            f"{where}.{unknown[0]}: unknown key for a {kind} distribution; expected one of "
+            + ", ".join(sorted(SPEC_KEYS[kind]))
+        )
+    try:
+        if kind == "categorical":
+            choices = spec.get("choices")
+            if not isinstance(choices, list):
+                raise SpaceError(f"{where}.choices: expected a list, got {choices!r}")
+            return CategoricalDistribution([encode(c) for c in choices])
+        for key in ("low", "high"):
+            if key not in spec:
+                raise SpaceError(f"{where}.{key}: expected a number, got nothing")
+        low, high = _number(spec["low"], where, "low"), _number(spec["high"], where, "high")
+        log = spec.get("log", False)
+        if not isinstance(log, bool):
+            raise SpaceError(f"{where}.log: expected true or false, got {log!r}")
+        step = spec.get("step")
+        if step is not None:
+            step = _number(step, where, "step")
+        if kind == "float":
+            return FloatDistribution(float(low), float(high), log=log, step=step)
+        for key, v in (("low", low), ("high", high), ("step", step)):
+            if v is not None and float(v) != int(v):
+                raise SpaceError(f"{where}.{key}: expected an integer, got {v!r}")
+        return IntDistribution(int(low), int(high), log=log, step=1 if step is None else int(step))
+    except SpaceError:
+        raise
+    except (ValueError, TypeError) as exc:  # Optuna's own constructor messages
+        raise SpaceError(f"{where}: {exc}") from None
+
+
+def _check_against_param(dist: BaseDistribution, param: Param, where: str) -> None:
+    if isinstance(dist, CategoricalDistribution):
+        values = [decode(c) for c in dist.choices]
+    elif isinstance(dist, (FloatDistribution, IntDistribution)):
+        if not param.searchable:
+            raise SpaceError(
+                f"{where}: {param.name} cannot be searched (fix it to a value instead)"
+            )
+        if param.kind not in ("float", "int"):
+            raise SpaceError(
+                f"{where}: expected a categorical distribution for {param.describe()}, "
+                f"got a {type(dist).__name__}"
+            )
+        if param.kind == "int" and isinstance(dist, FloatDistribution):
+            raise SpaceError(f"{where}: expected type int for {param.name}, got type float")
+        values = [dist.low, dist.high]
+    else:  # pragma: no cover - only the three kinds above are built
+        raise SpaceError(f"{where}: unsupported distribution {dist!r}")
+    for v in values:
+        try:
+            param.validate(v)
+        except ValueError:
+            raise SpaceError(
+                f"{where}: expected values that are {param.describe()}, got {v!r}"
+            ) from None
+
+
+_JSON = "json:"
+
+
+def encode(value: Any) -> Any:
+    """Optuna's categorical choices must be scalars: lists (e.g. an FLSD γ schedule) travel as
+    ``json:[5.0, 3.0]`` strings and are decoded when the trial config is built."""
+    return _JSON + json.dumps(value) if isinstance(value, (list, tuple)) else value
+
+
+def decode(value: Any) -> Any:
+    if isinstance(value, str) and value.startswith(_JSON):
+        return json.loads(value[len(_JSON) :])
+    return value
+
+
+def parse_param_space(raw: Any, params: Mapping[str, Param], where: str, owner: str) -> Space:
+    """Validate a mapping ``name -> constant | spec`` against declared ``params``."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise SpaceError(f"{where}: expected a mapping of parameter names, got {raw!r}")
+    dists: dict[str, BaseDistribution] = {}
+    fixed: dict[str, Any] = {}
+    for name, spec in raw.items():
+        key = f"{where}.{name}"
+        if name not in params:
+            raise SpaceError(
+                f"{key}: unknown parameter of {owner}; expected one of "
+                + (", ".join(sorted(params)) or "(none: this loss has no hyperparameters)")
+            )
+        if isinstance(spec, Mapping):
+            dist = build_distribution(spec, key)
+            _check_against_param(dist, params[name], key)
+            dists[name] = dist
+        else:
+            try:
+                fixed[name] = params[name].validate(spec)
+            except ValueError:
+                raise SpaceError(
+                    f"{key}: expected {params[name].describe()}, got {spec!r}"
+                ) from None
+    return Space(dists, fixed)
+
+
+@dataclass(frozen=True)
+class LossSpace:
+    """A search space over one registered loss's hyperparameters (a ``search_spaces/*.yaml``)."""
+
+    loss: str
+    space: Space
+    path: str | None = None
+    description: str = ""
+
+
+LOSS_SPACE_KEYS = ("loss", "description", "params")
+
+
+def parse_loss_space(raw: Any, where: str, path: str | None = None) -> LossSpace:
+    """Validate ``{loss: NAME, description: ..., params: {...}}`` against the loss registry."""
+    from calibtune.losses import LOSSES
+
+    if not isinstance(raw, Mapping):
+        raise SpaceError(f"{where}: expected a mapping with keys loss, params, got {raw!r}")
+    for k in raw:
+        if k not in LOSS_SPACE_KEYS:
+            raise SpaceError(
+                f"{where}.{k}: unknown key; expected one of {', '.join(LOSS_SPACE_KEYS)}"
+            )
+    name = raw.get("loss")
+    if name not in LOSSES:
+        raise SpaceError(f"{where}.loss: expected one of {', '.join(LOSSES.names())}, got {name!r}")
+    entry = LOSSES.get(name)
+    params = {p.name: p for p in entry.params}
+    space = parse_param_space(raw.get("params"), params, f"{where}.params", f"loss {name!r}")
+    desc = raw.get("description", "")
+    if not isinstance(desc, str):
+        raise SpaceError(f"{where}.description: expected a string, got {desc!r}")
+    _build_each(name, space, f"{where}.params")
+    return LossSpace(name, space, path, desc)
+
+
+def _build_each(loss: str, space: Space, where: str) -> None:
+    """Construct the loss at each end of every range and each categorical choice (the others
+    fixed at their first value), so cross-parameter rules (e.g. FLSD thresholds vs γs, AdaFocal
+    update_every) fail here rather than in a running trial."""
+    from calibtune.losses import build_loss
+
+    first = {
+        n: decode(d.choices[0]) if isinstance(d, CategoricalDistribution) else d.low
+        for n, d in space.dists.items()
+    }
+    for name, dist in space.dists.items():
+        ends = (
+            [decode(c) for c in dist.choices]
+            if isinstance(dist, CategoricalDistribution)
+            else [dist.low, dist.high]
+        )
+        for v in ends:
+            try:
+                build_loss(loss, **{**space.fixed, **first, name: v})
+            except ValueError as exc:
+                raise SpaceError(f"{where}.{name}: {v!r} is not valid here ({exc})") from None
+    if not space.dists:
+        try:
+            build_loss(loss, **space.fixed)
+        except ValueError as exc:
+            raise SpaceError(f"{where}: {exc}") from None
+
+
+def load_yaml(path: str | Path) -> Any:
+    p = Path(path)
+    if not p.is_file():
+        raise SpaceError(f"{p}: expected a YAML file, found nothing at that path")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise SpaceError(f"{p}: not valid YAML ({' '.join(str(exc).split())})") from None
+
+
+def load_loss_space(path: str | Path) -> LossSpace:
+    """Read and validate one ``search_spaces/*.yaml`` file."""
+    return parse_loss_space(load_yaml(path), str(path), str(path))

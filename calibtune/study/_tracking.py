@@ -1,0 +1,276 @@
+"""MLflow tracking: one parent run per study, one nested child run per trial.
+
+Logging goes through ``MlflowClient`` with explicit run ids (no global active run), from the trial's
+rank-0 process. Runs are found again by tags, so a restored study keeps writing to the same
+parent and child runs: the parent's id is stored next to the study's Ray Tune state, and a child
+run is looked up by its Tune trial id (stable across ``Tuner.restore``) before one is created.
+
+MLflow metric names may not contain ``@``; calibtune's ``test/ece@ts`` is logged as
+``test/ece.ts`` (`mlflow_metric_name`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TAG_STUDY = "calibtune.study"
+TAG_KIND = "calibtune.kind"  # "study" | "trial" | "seed"
+TAG_TRIAL = "calibtune.trial_id"
+TAG_STATUS = "calibtune.status"
+TAG_LOSS = "calibtune.loss"
+TAG_HASH = "calibtune.file_hash"
+PARENT = "mlflow.parentRunId"
+
+
+def default_tracking_uri(cwd: str | Path | None = None) -> str:
+    """The embedded default: a SQLite store ``mlflow.db`` in the working directory (absolute)."""
+    return f"sqlite:///{Path(cwd or os.getcwd()).resolve() / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None, cwd: str | Path | None = None) -> str:
+    """Absolute URI: relative sqlite/file paths are resolved against ``cwd`` (Ray workers run in
+    their own temp directories)."""
+    if uri is None:
+        return default_tracking_uri(cwd)
+    base = Path(cwd or os.getcwd())
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        return f"sqlite:///{(base / uri[len('sqlite:///') :]).resolve()}"
+    if "://" not in uri:
+        return f"sqlite:///{(base / uri).resolve()}" if uri.endswith(".db") else uri
+    return uri
+
+
+def mlflow_metric_name(name: str) -> str:
+    """calibtune metric name -> a name MLflow accepts (``@`` is not allowed there)."""
+    return name.replace("@", ".")
+
+
+def git_sha(cwd: str | Path | None = None) -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=5
+        )
+        return out.stdout.strip() if out.returncode == 0 else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def versions() -> dict[str, str]:
+    import mlflow
+    import optuna
+    import ray
+    import torch
+
+    from calibtune import __version__
+
+    return {
+        "calibtune": __version__,
+        "torch": torch.__version__,
+        "ray": ray.__version__,
+        "optuna": optuna.__version__,
+        "mlflow": mlflow.__version__,
+        "python": platform.python_version(),
+    }
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def experiment_id(uri: str, name: str) -> str:
+    client = _client(uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            client.restore_experiment(exp.experiment_id)
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name)
+    except Exception:  # created concurrently by another process
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def _finite_metrics(metrics: Mapping[str, Any], step: int) -> list[Any]:
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    out = []
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(float(v)):
+            continue
+        out.append(Metric(mlflow_metric_name(k), float(v), ts, step))
+    return out
+
+
+def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    """Log all finite numeric values in one batch per 1000 (MLflow's batch limit)."""
+    client = _client(uri)
+    items = _finite_metrics(metrics, step)
+    for i in range(0, len(items), 1000):
+        client.log_batch(run_id, metrics=items[i : i + 1000], synchronous=True)
+
+
+def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in params.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flat_params(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
+    return out
+
+
+def find_runs(uri: str, exp_id: str, filter_string: str) -> list[Any]:
+    return list(_client(uri).search_runs([exp_id], filter_string=filter_string, max_results=10000))
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """Handle to a study's parent run."""
+
+    uri: str
+    experiment_id: str
+    run_id: str
+
+
+def open_study_run(
+    uri: str,
+    experiment: str,
+    study_name: str,
+    state_dir: Path,
+    tags: Mapping[str, str],
+    artifacts: Iterable[Path] = (),
+) -> StudyRun:
+    """Create the study's parent run, or reopen the one recorded in ``state_dir``."""
+    from mlflow.entities import RunStatus
+
+    client = _client(uri)
+    exp_id = experiment_id(uri, experiment)
+    marker = state_dir / "mlflow_parent.json"
+    if marker.is_file():
+        saved = json.loads(marker.read_text())
+        if saved.get("tracking_uri") == uri:
+            try:
+                run = client.get_run(saved["run_id"])
+                if run.info.lifecycle_stage != "deleted":
+                    client.update_run(
+                        run.info.run_id, status=RunStatus.to_string(RunStatus.RUNNING)
+                    )
+                    return StudyRun(uri, run.info.experiment_id, run.info.run_id)
+            except Exception:  # the recorded run is gone from this store: start a new one
+                pass
+    run = client.create_run(
+        exp_id,
+        run_name=study_name,
+        tags={TAG_STUDY: study_name, TAG_KIND: "study", **tags},
+    )
+    for path in artifacts:
+        if path.is_file():
+            client.log_artifact(run.info.run_id, str(path), artifact_path="study")
+    state_dir.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
+    tmp.replace(marker)
+    return StudyRun(uri, exp_id, run.info.run_id)
+
+
+def finish_run(uri: str, run_id: str, status: str = "FINISHED") -> None:
+    _client(uri).set_terminated(run_id, status=status)
+
+
+@dataclass
+class ChildRun:
+    """A nested run under ``parent_id``, found by ``key`` (Tune trial id, or trial/seed) so that
+    reopening after a restore never duplicates it."""
+
+    uri: str
+    experiment_id: str
+    parent_id: str
+    key: str
+    name: str
+    kind: str = "trial"
+    run_id: str | None = None
+
+    def open(self, params: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+        from mlflow.entities import RunStatus
+
+        client = _client(self.uri)
+        found = find_runs(
+            self.uri,
+            self.experiment_id,
+            f"tags.`{PARENT}` = '{self.parent_id}' and tags.`{TAG_TRIAL}` = '{self.key}'",
+        )
+        if found:
+            self.run_id = found[0].info.run_id
+            client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+        else:
+            run = client.create_run(
+                self.experiment_id,
+                run_name=self.name,
+                tags={PARENT: self.parent_id, TAG_TRIAL: self.key, TAG_KIND: self.kind, **tags},
+            )
+            self.run_id = run.info.run_id
+            flat = _flat_params(params)
+            from mlflow.entities import Param
+
+            items = [Param(k, v[:6000]) for k, v in flat.items()]
+            for i in range(0, len(items), 100):
+                client.log_batch(self.run_id, params=items[i : i + 100], synchronous=True)
+        client.set_tag(self.run_id, TAG_STATUS, "running")
+        return self.run_id
+
+    def close(self, status: str) -> None:
+        assert self.run_id is not None
+        client = _client(self.uri)
+        client.set_tag(self.run_id, TAG_STATUS, status.lower())
+        client.set_terminated(self.run_id, status="FINISHED" if status == "finished" else "FAILED")
+
+
+class MlflowTrialCallback:
+    """`calibtune.trial.TrialCallback` that logs a trial's epochs and results to one MLflow run.
+
+    Picklable (it travels to the Ray Train worker); the client is created on use.
+    """
+
+    def __init__(self, uri: str, run_id: str) -> None:
+        self.uri = uri
+        self.run_id = run_id
+
+    def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None:
+        flat: dict[str, float] = {}
+        for k, v in metrics.items():
+            if isinstance(v, (list, tuple)):
+                for i, x in enumerate(v):
+                    flat[f"{k}/bin_{i:02d}"] = x
+            else:
+                flat[k] = v
+        log_metrics(self.uri, self.run_id, flat, step=epoch)
+
+    def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
+        log_metrics(self.uri, self.run_id, metrics, step=0)
+        client = _client(self.uri)
+        if artifacts_dir and Path(artifacts_dir).is_dir():
+            for item in sorted(Path(artifacts_dir).iterdir()):
+                if item.name == "logits.pt":  # large and re-derivable; kept on disk only
+                    continue
+                if item.is_dir():
+                    client.log_artifacts(self.run_id, str(item), artifact_path=item.name)
+                else:
+                    client.log_artifact(self.run_id, str(item))

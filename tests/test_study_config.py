@@ -1,0 +1,239 @@
+"""Study and search-space files: validation with one-line errors naming file, key and rule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+
+from calibtune.cli import main
+from calibtune.losses import LOSSES
+from calibtune.study import (
+    StudyError,
+    define_by_run,
+    load_loss_space,
+    load_study,
+    trial_dict,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+GOOD = {
+    "name": "t",
+    "trial": {"data": {"name": "digits"}, "model": {"name": "mlp"}, "train": {"epochs": 2}},
+    "losses": [
+        "cross_entropy",
+        {"name": "focal", "params": {"gamma": {"type": "float", "low": 0.5, "high": 5.0}}},
+    ],
+    "search": {"num_samples": 4, "objectives": [{"metric": "val/ece", "mode": "min"}]},
+}
+
+
+def _with(path: str, value, base=None) -> dict:
+    import copy
+
+    d = copy.deepcopy(base or GOOD)
+    node = d
+    keys = path.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node.setdefault(k, {})
+    if isinstance(node, list):
+        node[int(keys[-1])] = value
+    elif value is _DROP:
+        node.pop(keys[-1])
+    else:
+        node[keys[-1]] = value
+    return d
+
+
+_DROP = object()
+
+MALFORMED = [
+    (["not", "a", "mapping"], r"study: expected a mapping"),
+    (_with("name", _DROP), r"name: expected a name of letters"),
+    (
+        _with("name", "my study!"),
+        r"name: expected a name of letters, digits, _.- , got 'my study!'",
+    ),
+    (_with("serch", {}), r"serch: unknown key; expected one of name, description, trial"),
+    (_with("trial.loss", {"name": "focal"}), r"trial.loss: unknown key; the losses to compare"),
+    (
+        _with("trial.train.epochs", "ten"),
+        r"trial.train.epochs: expected an integer >= 1, got 'ten'",
+    ),
+    (_with("trial.data.name", "cifar11"), r"trial.data.name: expected one of .*cifar10"),
+    (_with("losses", []), r"losses: expected a non-empty list of losses, got \[\]"),
+    (
+        _with("losses.0", "focall"),
+        r"losses\[0\].loss: expected one of .*cross_entropy.*got 'focall'",
+    ),
+    (_with("losses.0", "focal"), r"losses\[1\]: expected distinct losses .* got 'focal' twice"),
+    (
+        _with("losses.1", {"name": "focal", "params": {"lam": 1.0}}),
+        r"losses\[1\].params.lam: unknown parameter of loss 'focal'; expected one of .*gamma",
+    ),
+    (
+        _with(
+            "losses.1",
+            {"name": "focal", "params": {"gamma": {"type": "float", "low": 5, "high": 1}}},
+        ),
+        r"losses\[1\].params.gamma: `low <= high` must hold, but got \(low=5.0, high=1.0\)",
+    ),
+    (
+        _with(
+            "losses.1",
+            {"name": "focal", "params": {"gamma": {"type": "float", "low": -1, "high": 1}}},
+        ),
+        r"losses\[1\].params.gamma: expected values that are a number in \[0, inf\), got -1",
+    ),
+    (
+        _with(
+            "losses.1",
+            {"name": "focal", "params": {"gamma": {"type": "normal", "low": 0, "high": 1}}},
+        ),
+        r"losses\[1\].params.gamma.type: expected one of float, int, categorical, got 'normal'",
+    ),
+    (
+        _with("losses.1", {"name": "focal", "space": "nowhere/focal.yaml"}),
+        r"nowhere/focal.yaml: expected a YAML file, found nothing at that path",
+    ),
+    (
+        _with("search.num_samples", "ten"),
+        r"search.num_samples: expected an integer >= 1, got 'ten'",
+    ),
+    (_with("search.max_concurrent", 0), r"search.max_concurrent: expected an integer >= 1, got 0"),
+    (_with("search.sampler", "bayes"), r"search.sampler: expected one of tpe, random, grid"),
+    (
+        _with("search.objectives", [{"metric": "test/ece"}]),
+        r"search.objectives\[0\].metric: expected a validation metric .* got 'test/ece'",
+    ),
+    (
+        _with("search.objectives", [{"metric": "val/ece", "mode": "lowest"}]),
+        r"search.objectives\[0\].mode: expected 'min' or 'max', got 'lowest'",
+    ),
+    (
+        _with("search", {"scheduler": "asha", "objectives": ["val/ece", "val/error"]}),
+        r"search.scheduler: expected 'none' for a multi-objective study",
+    ),
+    (_with("search.seeds", []), r"search.seeds: expected a non-empty list of integers, got \[\]"),
+    (_with("search.sampler", "grid"), r"search.sampler: expected categorical distributions only"),
+    (
+        _with("tracking", {"experiment": 5}),
+        r"tracking.experiment: expected a non-empty string, got 5",
+    ),
+    (
+        _with("space", {"optimizer.lr": {"type": "float", "low": 0, "high": 0.1, "log": True}}),
+        r"space.optimizer.lr: `low > 0` must hold for `log=True`",
+    ),
+    (
+        _with("space", {"train.epochs": {"type": "int", "low": 0, "high": 3}}),
+        r"space.train.epochs: value 0 is not valid here \(train.epochs: expected an integer >= 1",
+    ),
+]
+
+
+@pytest.mark.parametrize(("raw", "match"), MALFORMED)
+def test_malformed_study_gives_one_line_error_with_file(tmp_path, raw, match):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(StudyError, match=match) as info:
+        load_study(path)
+    msg = str(info.value)
+    assert msg.startswith(f"{path}: ") or "expected a YAML file" in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("name: [unclosed", r"x.yaml: not valid YAML"),
+        ("", r"x.yaml: expected a study mapping .* got an empty file"),
+    ],
+)
+def test_unparseable_files(tmp_path, text, match):
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    with pytest.raises(StudyError, match=match):
+        load_study(path)
+
+
+def test_cli_bad_study_exits_2_with_one_line(tmp_path, capsys):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(_with("search.num_samples", "ten")))
+    assert main(["run", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"calibtune run: error: {path}: search.num_samples: expected an integer >= 1, got 'ten'"
+    ]
+    assert main(["run", str(tmp_path / "missing.yaml")]) == 2
+    assert "expected a study YAML file, found nothing" in capsys.readouterr().err
+
+
+def test_every_shipped_search_space_validates_and_covers_every_loss():
+    files = sorted((ROOT / "search_spaces").glob("*.yaml"))
+    losses = {load_loss_space(f).loss for f in files}
+    assert losses == set(LOSSES.names())
+
+
+def test_every_shipped_study_validates():
+    studies = sorted((ROOT / "studies").glob("*.yaml"))
+    assert {p.stem for p in studies} >= {"quickstart"}
+    for p in studies:
+        load_study(p)
+
+
+def test_define_by_run_samples_loss_then_only_its_params(tmp_path):
+    import optuna
+
+    path = tmp_path / "s.yaml"
+    raw = _with("space", {"optimizer.lr": {"type": "float", "low": 0.01, "high": 0.1, "log": True}})
+    path.write_text(yaml.safe_dump(raw))
+    study = load_study(path)
+    space = define_by_run(study)
+    ostudy = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    seen = set()
+    for _ in range(12):
+        t = ostudy.ask()
+        space(t)
+        params = t.params
+        seen.add(params["loss"])
+        own = {k for k in params if k.startswith(("focal/", "cross_entropy/"))}
+        if params["loss"] == "cross_entropy":
+            assert own == set()
+        else:
+            assert own == {"focal/gamma"}
+            assert 0.5 <= params["focal/gamma"] <= 5.0
+        assert 0.01 <= params["trial/optimizer.lr"] <= 0.1
+        ostudy.tell(t, 0.0)
+    assert seen == {"cross_entropy", "focal"}
+    # the sampled point becomes a valid trial config carrying only that loss's parameters
+    from calibtune.trial import config_from_dict
+
+    sampled = {"loss": "focal", "focal": {"gamma": 2.5}, "trial": {"optimizer.lr": 0.05}}
+    cfg = config_from_dict(trial_dict(study, sampled, seed=3, name="x"))
+    assert cfg.loss.name == "focal" and cfg.loss.params["gamma"] == 2.5
+    assert cfg.optimizer.lr == 0.05 and cfg.seed == 3
+
+
+def test_spaces_build_optuna_distributions(tmp_path):
+    path = tmp_path / "focal.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "loss": "adafocal",
+                "params": {
+                    "lam": {"type": "float", "low": 0.5, "high": 2.0, "log": True},
+                    "n_bins": {"type": "int", "low": 5, "high": 30, "step": 5},
+                    "update_every": {"type": "categorical", "choices": ["epoch", 10]},
+                    "gamma_max": 20.0,
+                },
+            }
+        )
+    )
+    space = load_loss_space(path).space
+    assert space.dists["lam"] == FloatDistribution(0.5, 2.0, log=True)
+    assert space.dists["n_bins"] == IntDistribution(5, 30, step=5)
+    assert space.dists["update_every"] == CategoricalDistribution(["epoch", 10])
+    assert space.fixed == {"gamma_max": 20.0}

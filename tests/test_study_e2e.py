@@ -1,0 +1,181 @@
+"""End to end on the embedded dataset: real Ray Tune + Optuna + trial engine + MLflow SQLite store.
+
+One 4-trial, 2-epoch study over two losses is run in-process (module fixture), then inspected;
+a second study is interrupted (SIGINT to the `calibtune run` process) and resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from calibtune.cli import main
+from calibtune.study import load_study, locate_study, run_study, trials_frame
+from calibtune.study._tracking import PARENT, TAG_KIND, TAG_STUDY
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _study(tmp: Path, name: str, num_samples: int = 4, epochs: int = 2) -> Path:
+    raw = {
+        "name": name,
+        "trial": {
+            "data": {"name": "digits", "ood": ["digits_noise"]},
+            "model": {"name": "mlp"},
+            "optimizer": {"lr": 0.05},
+            "train": {"epochs": epochs, "batch_size": 64, "checkpoint_every": 1},
+            "eval": {"posthoc": ["ts"]},
+        },
+        "losses": [
+            "cross_entropy",
+            {"name": "focal", "space": str(ROOT / "search_spaces" / "focal.yaml")},
+        ],
+        "search": {
+            "sampler": "random",
+            "num_samples": num_samples,
+            "max_concurrent": 2,
+            "objectives": [{"metric": "val/ece@ts", "mode": "min"}],
+        },
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": f"e2e-{name}"},
+        "storage": str(tmp / "studies"),
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, ray_session):
+    tmp = tmp_path_factory.mktemp("study")
+    path = _study(tmp, "e2e")
+    outcome = run_study(load_study(path), verbose=0)
+    return tmp, path, outcome
+
+
+def test_parent_and_children_structure(finished):
+    _, _, outcome = finished
+    client = MlflowClient(outcome.tracking_uri)
+    parent = client.get_run(outcome.parent_run_id)
+    assert parent.data.tags[TAG_STUDY] == "e2e"
+    assert parent.data.tags[TAG_KIND] == "study"
+    assert parent.info.status == "FINISHED"
+    assert {"calibtune.file_hash", "calibtune.git_sha", "version.torch"} <= set(parent.data.tags)
+    arts = {a.path for a in client.list_artifacts(parent.info.run_id, "study")}
+    assert "study/e2e.yaml" in arts and "study/focal.yaml" in arts
+    children = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    assert len(children) == 4
+    assert all(c.info.status == "FINISHED" for c in children)
+    assert len({c.data.tags["calibtune.trial_id"] for c in children}) == 4
+
+
+def test_children_carry_only_their_loss_params_and_all_metrics(finished):
+    _, _, outcome = finished
+    client = MlflowClient(outcome.tracking_uri)
+    children = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    for c in children:
+        loss = c.data.params["loss"]
+        assert c.data.tags["calibtune.loss"] == loss
+        loss_params = {k for k in c.data.params if k.startswith("loss.")}
+        assert loss_params == ({"loss.gamma"} if loss == "focal" else set())
+        m = c.data.metrics
+        for key in (
+            "val/ece",
+            "test/ece",
+            "test/ece.ts",
+            "test/adaece",
+            "val/ece.ts",
+            "posthoc/ts/T",
+            "ood/digits_noise/s5/auroc",
+            "train/loss",
+        ):
+            assert key in m, (key, sorted(m))
+        history = client.get_metric_history(c.info.run_id, "val/ece")
+        assert sorted(h.step for h in history) == [1, 2]
+        arts = {a.path for a in client.list_artifacts(c.info.run_id)}
+        assert "config.yaml" in arts and "figures" in arts, arts
+
+
+def test_compare_report_export_and_retrain_reproduces(finished, tmp_path, capsys):
+    _, path, _ = finished
+    assert main(["compare", str(path), "--format", "csv"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("trial_id,loss_label") and len(out) == 5
+    assert main(["report", str(path)]) == 0
+    report = capsys.readouterr().out
+    assert "| loss |" in report and "ECE (TS)" in report
+    assert main(["export", str(path), "--top", "1", "--out", str(tmp_path)]) == 0
+    exported = Path(capsys.readouterr().out.strip())
+    ref = locate_study(path)
+    best = trials_frame(ref).sort_values("val/ece@ts").iloc[0]
+    from calibtune.trial import load_config, run
+
+    result = run(load_config(exported), storage_path=tmp_path / "retrain")
+    for key in ("val/ece@ts", "test/ece", "test/error", "test/nll"):
+        assert result.metrics[key] == pytest.approx(best[key], abs=1e-5), key
+
+
+def _finished_children(uri: str, exp_name: str) -> list:
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(exp_name)
+    if exp is None:
+        return []
+    return [
+        r
+        for r in client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
+        if r.data.tags.get("calibtune.status") == "finished"
+    ]
+
+
+def test_interrupted_study_resumes_without_duplicates(tmp_path):
+    path = _study(tmp_path, "e2e_resume", num_samples=4, epochs=3)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibtune", "run", str(path), "--quiet"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and len(_finished_children(uri, "e2e-e2e_resume")) < 1:
+        if proc.poll() is not None:
+            break
+        time.sleep(1)
+    assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: Tune saves its state and stops
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    done_before = len(_finished_children(uri, "e2e-e2e_resume"))
+    assert 1 <= done_before < 4
+    rc = main(["resume", str(tmp_path / "studies" / "e2e_resume"), "--quiet"])
+    assert rc == 0
+    runs = _finished_children(uri, "e2e-e2e_resume")
+    trial_ids = [r.data.tags["calibtune.trial_id"] for r in runs]
+    assert len(trial_ids) == 4 and len(set(trial_ids)) == 4
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("e2e-e2e_resume")
+    parents = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'study'")
+    assert len(parents) == 1  # the restored study wrote to the same parent run
+    allruns = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
+    assert len(allruns) == 4  # no duplicate child runs
+    state = json.loads((tmp_path / "studies" / "e2e_resume" / "calibtune_study.json").read_text())
+    assert state["parent_run_id"] == parents[0].info.run_id
