@@ -1,0 +1,43 @@
+"""Post-hoc calibration: fit on cached validation logits, map logits to calibrated probabilities.
+
+Every method follows one contract (`PosthocCalibrator`): ``fit(val_logits, val_labels) -> self``,
+fitted parameters as attributes and via ``params() -> dict[str, float]``,
+``calibrate(logits) -> probs`` (torch in, torch out, same device). One inference pass over the
+validation split serves every method. Methods are named through the `POSTHOC` registry:
+
+=========  ==================================================================================
+``ts``       `TemperatureScaling` — grid T ∈ {0.1, …, 10}, validation ECE (Mukhoti et al. 2020)
+``ts_nll``   `TemperatureScaling` with ``criterion="nll"`` — T minimising validation NLL
+``focal_ts`` `FocalTemperatureScaling` — focal calibration map on softmax(z/T) (Komisarenko &
+             Kull 2024)
+``ets``      `EnsembleTemperatureScaling` (Zhang et al. 2020, Mix-n-Match)
+``spline``   `SplineCalibration` (Gupta et al. 2021)
+=========  ==================================================================================
+"""
+
+from ._base import PosthocCalibrator
+from ._ets import EnsembleTemperatureScaling
+from ._focal import (
+    DEFAULT_FOCAL_TEMPERATURES,
+    DEFAULT_GAMMAS,
+    FocalTemperatureScaling,
+    focal_calibration_map,
+)
+from ._registry import POSTHOC, build_posthoc, list_posthoc
+from ._spline import SplineCalibration
+from ._temperature import DEFAULT_TEMPERATURES, TemperatureScaling
+
+__all__ = [
+    "DEFAULT_FOCAL_TEMPERATURES",
+    "DEFAULT_GAMMAS",
+    "DEFAULT_TEMPERATURES",
+    "POSTHOC",
+    "EnsembleTemperatureScaling",
+    "FocalTemperatureScaling",
+    "PosthocCalibrator",
+    "SplineCalibration",
+    "TemperatureScaling",
+    "build_posthoc",
+    "focal_calibration_map",
+    "list_posthoc",
+]
