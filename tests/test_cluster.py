@@ -9,10 +9,13 @@ machine).
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -67,6 +70,10 @@ def test_submit_study_to_two_node_cluster(tmp_path):
     port, dash = free_port(), free_port()
     gcs, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
     common = ["--num-cpus", "1", "--object-store-memory", str(150 * 1024**2)]
+    # Each node gets its own temp root, as on separate machines (two nodes sharing one would
+    # garbage-collect each other's runtime-env working directories); short paths for sockets.
+    head_tmp = tempfile.mkdtemp(prefix="rh", dir="/tmp")
+    worker_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")
     head = _start(
         [
             "--head",
@@ -78,6 +85,8 @@ def test_submit_study_to_two_node_cluster(tmp_path):
             "127.0.0.1",
             "--dashboard-port",
             str(dash),
+            "--temp-dir",
+            head_tmp,
             *common,
         ],
         tmp_path / "head.log",
@@ -89,11 +98,14 @@ def test_submit_study_to_two_node_cluster(tmp_path):
             try:
                 urllib.request.urlopen(f"{url}/api/version", timeout=2)
                 break
+            except urllib.error.HTTPError:  # it answers (401 without the auth token): it is up
+                break
             except OSError:
                 assert time.time() < deadline, (tmp_path / "head.log").read_text()[-3000:]
                 time.sleep(1)
         worker = _start(
-            ["--address", gcs, "--node-ip-address", "127.0.0.1", *common], tmp_path / "worker.log"
+            ["--address", gcs, "--node-ip-address", "127.0.0.1", "--temp-dir", worker_tmp, *common],
+            tmp_path / "worker.log",
         )
         _wait_nodes(gcs, 2)
 
@@ -138,3 +150,5 @@ def test_submit_study_to_two_node_cluster(tmp_path):
         if worker is not None:
             _stop(worker)
         _stop(head)
+        shutil.rmtree(head_tmp, ignore_errors=True)
+        shutil.rmtree(worker_tmp, ignore_errors=True)

@@ -28,9 +28,9 @@ def _usage() -> Iterator[None]:
 
     try:
         yield
-    except FileNotFoundError as exc:
-        raise _UsageError(str(exc)) from None
-    except ValueError as exc:
+    except (FileNotFoundError, ValueError) as exc:
+        if os.environ.get("CALIBTUNE_DEBUG"):  # the full traceback, for bug reports
+            raise
         raise _UsageError(str(exc)) from None
 
 
@@ -63,11 +63,13 @@ def _add_run(sub: Any) -> None:
             "Prints progress, then the comparison table."
         ),
     )
-    p.add_argument("study", metavar="STUDY.yaml")
+    p.add_argument("study", metavar="STUDY.yaml", nargs="?")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     _common_tracking(p)
     _storage(p)
     p.add_argument("--quiet", action="store_true", help="no Ray Tune progress tables")
+    # `calibtune submit` passes the study's self-contained YAML in this environment variable
+    p.add_argument("--study-env", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run)
 
 
@@ -91,7 +93,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from calibtune.study import load_study, run_study
 
     with _usage():
-        study = load_study(args.study)
+        if args.study_env:
+            from calibtune.study._config import study_from_text
+
+            study = study_from_text(os.environ[args.study_env], f"submitted {args.study_env}")
+        elif args.study:
+            study = load_study(args.study)
+        else:
+            raise ValueError("STUDY.yaml: expected a study file, got none")
         outcome = run_study(
             study,
             address=args.address,
@@ -237,8 +246,9 @@ def _ray_address(address: str | None) -> str:
         raise ValueError(
             "--address: expected the Ray dashboard address (http://HEAD:8265), got none"
         )
-    # Ray 2.60 clusters use token auth; clients of an explicit address must say so.
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    from calibtune.study._search import client_token_auth
+
+    client_token_auth()
     return addr
 
 
@@ -286,9 +296,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
         storage = Path(args.storage or study.storage or default_storage()).expanduser().resolve()
         uri = resolve_tracking_uri(args.tracking_uri or study.tracking.uri)
         root = _project_root(Path(args.study))
-        staged = _stage_study(study, root)
         entry = (
-            f"{args.python} -m calibtune run {staged.relative_to(root)} --address auto "
+            f"{args.python} -m calibtune run --study-env CALIBTUNE_STUDY_YAML --address auto "
             f"--storage {storage} --tracking-uri {uri} --quiet"
         )
         job_id = client.submit_job(
@@ -296,6 +305,10 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             runtime_env={
                 "working_dir": str(root),
                 "excludes": [".venv", "runs", "mlflow.db", ".git", "exported", "*.pt", "data"],
+                "env_vars": {
+                    "CALIBTUNE_STUDY_YAML": self_contained(study),
+                    **({"CALIBTUNE_DEBUG": "1"} if os.environ.get("CALIBTUNE_DEBUG") else {}),
+                },
             },
             metadata={"calibtune.study": study.name},
         )
@@ -314,11 +327,8 @@ def _project_root(study_path: Path) -> Path:
     return Path.cwd().resolve()
 
 
-def _stage_study(study: Any, root: Path) -> Path:
-    """A self-contained copy of the study (search spaces inlined) inside the uploaded working
-    directory, so the job finds it whatever the study's location here."""
-    import hashlib
-
+def self_contained(study: Any) -> str:
+    """The study's YAML with its search-space files inlined, so the job needs no paths of ours."""
     import yaml
 
     from calibtune.study._spaces import load_yaml
@@ -330,12 +340,7 @@ def _stage_study(study: Any, root: Path) -> Path:
             item.pop("space")
             item["name"] = space["loss"]
             item["params"] = space.get("params") or {}
-    text = yaml.safe_dump(raw, sort_keys=False)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    target = root / ".calibtune" / "submitted" / f"{study.name}-{digest}.yaml"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(text)
-    return target
+    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def _follow(client: Any, job_id: str) -> int:

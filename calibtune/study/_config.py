@@ -381,3 +381,17 @@ def load_study(path: str | Path) -> StudyConfig:
             f"{p}: expected a study mapping (name, trial, losses, ...), got an empty file"
         )
     return parse_study(raw, str(path), text)
+
+
+def study_from_text(text: str, label: str) -> StudyConfig:
+    """Validate a study given as YAML text (a submitted job's self-contained copy)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise StudyError(f"{label}: not valid YAML ({' '.join(str(exc).split())})") from None
+    try:
+        return parse_study(raw, None, text)
+    except StudyError as exc:
+        raise StudyError(f"{label}: {exc}") from None

@@ -341,6 +341,21 @@ class _Progress:
         return Progress()
 
 
+def client_token_auth() -> None:
+    """Ray 2.60 clusters use token auth (~/.ray/auth_token); a client of an explicit address
+    must say so with RAY_AUTH_MODE=token, and a process that already imported Ray must also
+    refresh Ray's cached config. An explicit RAY_AUTH_MODE from the user is respected."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()  # sets the variable and re-reads RayConfig
+    except ImportError:  # pragma: no cover - another Ray version
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     """Connect to ``address`` or start a local Ray sized for this machine."""
     import ray
@@ -348,7 +363,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
     if address:
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
+        client_token_auth()
         ray.init(address=address, log_to_driver=True)
         return
     total = num_cpus or os.cpu_count() or 1
@@ -394,8 +409,7 @@ def _payload_and_parent(
         "parent_run_id": parent.run_id,
     }
     (storage / STATE_FILE).write_text(json.dumps(state, indent=2))
-    if study.path:
-        (storage / "study.yaml").write_text(study.text)
+    (storage / "study.yaml").write_text(study.text)
     payload = StudyPayload(
         study_path=study.path,
         study_text=study.text,

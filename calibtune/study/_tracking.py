@@ -41,11 +41,10 @@ def resolve_tracking_uri(uri: str | None, cwd: str | Path | None = None) -> str:
     their own temp directories)."""
     if uri is None:
         return default_tracking_uri(cwd)
-    base = Path(cwd or os.getcwd())
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        return f"sqlite:///{(base / uri[len('sqlite:///') :]).resolve()}"
-    if "://" not in uri:
-        return f"sqlite:///{(base / uri).resolve()}" if uri.endswith(".db") else uri
+        return f"sqlite:///{(Path(cwd or os.getcwd()) / uri[len('sqlite:///') :]).resolve()}"
+    if "://" not in uri and uri.endswith(".db"):
+        return f"sqlite:///{(Path(cwd or os.getcwd()) / uri).resolve()}"
     return uri
 
 
@@ -88,6 +87,16 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+def artifact_location(uri: str, experiment: str) -> str | None:
+    """For a SQLite store, artifacts live beside the database (``<db dir>/mlruns/<experiment>``)
+    rather than in whatever directory the creating process ran in; servers manage their own."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///") :])
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in experiment)
+        return (db.parent / "mlruns" / safe).as_uri()
+    return None
+
+
 def experiment_id(uri: str, name: str) -> str:
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
@@ -96,7 +105,7 @@ def experiment_id(uri: str, name: str) -> str:
             client.restore_experiment(exp.experiment_id)
         return exp.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location(uri, name))
     except Exception:  # created concurrently by another process
         exp = client.get_experiment_by_name(name)
         if exp is None:
