@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: quickstart test test-fast lint format bench venv clean
+.PHONY: quickstart demo test test-fast lint format bench venv clean
 
 venv: $(STAMP)
 
@@ -15,7 +15,11 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
 	touch $(STAMP)
 
+# The embedded quickstart study (digits, 4 losses, 8 trials); re-running continues/reuses it.
 quickstart: $(STAMP)
+	$(BIN)/calibtune run studies/quickstart.yaml --quiet
+
+demo: $(STAMP)
 	$(BIN)/python -m calibtune.demo
 
 lint: $(STAMP)

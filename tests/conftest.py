@@ -19,6 +19,7 @@ def ray_session() -> Iterator[None]:
     started = not ray.is_initialized()
     if started:
         ray.init(
+            address="local",  # a fresh instance, never a cluster some other test started
             num_cpus=2,
             object_store_memory=200 * 1024 * 1024,
             include_dashboard=False,

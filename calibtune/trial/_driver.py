@@ -164,7 +164,9 @@ def run(
     run_callbacks: list[Any] = list(train_callbacks)
     if not local:
         if not ray.is_initialized():
-            ray.init(include_dashboard=False, log_to_driver=True)
+            # a cluster only when asked for (RAY_ADDRESS), never a stale one found on disk
+            address = os.environ.get("RAY_ADDRESS") or "local"
+            ray.init(address=address, include_dashboard=False, log_to_driver=True)
         check_resources(cfg, ray.cluster_resources())
         if in_tune:
             from ray.tune.integration.ray_train import TuneReportCallback
@@ -172,7 +174,7 @@ def run(
             run_callbacks.append(TuneReportCallback())
     else:
         check_resources(cfg, {})
-    check_data_files(cfg)
+    check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
 
     with _quiet_local_mode(local):
