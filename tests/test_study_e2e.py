@@ -179,3 +179,23 @@ def test_interrupted_study_resumes_without_duplicates(tmp_path):
     assert len(allruns) == 4  # no duplicate child runs
     state = json.loads((tmp_path / "studies" / "e2e_resume" / "calibtune_study.json").read_text())
     assert state["parent_run_id"] == parents[0].info.run_id
+
+
+def test_ui_serves_the_store_on_loopback(finished):
+    import json as _json
+    import urllib.parse
+    import urllib.request
+
+    from calibtune.study._cli import start_ui, stop_ui
+
+    _, _, outcome = finished
+    proc, url = start_ui(outcome.tracking_uri)
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        q = urllib.parse.urlencode({"experiment_name": "e2e-e2e"})
+        with urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/get-by-name?{q}") as r:
+            body = _json.loads(r.read())
+        assert body["experiment"]["experiment_id"] == outcome.experiment_id
+    finally:
+        stop_ui(proc)
+    assert proc.poll() is not None

@@ -206,3 +206,13 @@ def test_adafocal_every_n_batches_updates_on_schedule(tmp_path: Path) -> None:
     records = json.loads((res.artifacts_dir / "gamma_history.json").read_text())
     assert len(records) == 2 * per_epoch
     assert [r["step"] for r in records] == list(range(1, 2 * per_epoch + 1))
+
+
+def test_resuming_a_trial_folder_with_another_config_is_refused(tmp_path: Path) -> None:
+    first = run(_cfg(tmp_path, "cross_entropy"))
+    assert first.epochs_completed >= 1
+    with pytest.raises(ValueError, match=r"started with another config \(loss.name: "):
+        run(_cfg(tmp_path, "focal", name="t_cross_entropy"))
+    # the unchanged config still resumes (finished: only re-evaluated)
+    again = run(_cfg(tmp_path, "cross_entropy"))
+    assert again.metrics["test/ece"] == pytest.approx(first.metrics["test/ece"])

@@ -249,6 +249,9 @@ def export_best(
     The trial's own logged ``config.yaml`` is used (the exact resolved config), with its run name
     and storage reset so that re-training starts fresh instead of resuming the study's trial.
     """
+    import os
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     best = best_trials(ref, metric, top)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -188,20 +188,11 @@ def hyperparameters(study: StudyConfig, sampled: Mapping[str, Any]) -> dict[str,
 class StudyPayload:
     """Everything a Tune trial needs besides its sampled config (passed by tune.with_parameters)."""
 
-    study_path: str | None
-    study_text: str
+    study: StudyConfig  # validated once by the driver; workers never re-read files
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
     trials_dir: str
-
-
-def _study_from_payload(p: StudyPayload) -> StudyConfig:
-    import yaml
-
-    from calibtune.study._config import parse_study
-
-    return parse_study(yaml.safe_load(p.study_text), p.study_path, p.study_text)
 
 
 def aggregate(per_seed: list[Mapping[str, float]]) -> dict[str, float]:
@@ -225,7 +216,7 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
 
     from calibtune import trial as T
 
-    study = _study_from_payload(payload)
+    study = payload.study
     trial_id = tune.get_context().get_trial_id()
     label = config["loss"]
     hp = hyperparameters(study, config)
@@ -411,8 +402,7 @@ def _payload_and_parent(
     (storage / STATE_FILE).write_text(json.dumps(state, indent=2))
     (storage / "study.yaml").write_text(study.text)
     payload = StudyPayload(
-        study_path=study.path,
-        study_text=study.text,
+        study=study,
         tracking_uri=uri,
         experiment_id=parent.experiment_id,
         parent_run_id=parent.run_id,

@@ -176,6 +176,7 @@ def run(
         check_resources(cfg, {})
     check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
+    check_same_trial(cfg, trial_dir)
 
     with _quiet_local_mode(local):
         return _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
@@ -316,6 +317,44 @@ def _jsonable(x: Any) -> Any:
 
 def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+IDENTITY_FILE = "trial_identity.json"
+
+
+def _identity(cfg: TrialConfig) -> dict[str, Any]:
+    """What a checkpoint depends on: resuming with anything else would mix two trials."""
+    d = config_to_dict(cfg)
+    ident = {k: d[k] for k in ("seed", "data", "model", "loss", "optimizer", "schedule")}
+    ident["train.batch_size"] = cfg.train.batch_size
+    return json.loads(json.dumps(ident))
+
+
+def _diff(old: Any, new: Any, path: str = "") -> str | None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for k in sorted(set(old) | set(new)):
+            found = _diff(old.get(k), new.get(k), f"{path}.{k}" if path else k)
+            if found:
+                return found
+        return None
+    return None if old == new else f"{path}: {old!r} then, {new!r} now"
+
+
+def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
+    """Refuse to resume a trial folder whose checkpoints came from a different config."""
+    marker = trial_dir / IDENTITY_FILE
+    ident = _identity(cfg)
+    if marker.is_file() and any((trial_dir / "checkpoints").glob("*")) | any(
+        trial_dir.glob("checkpoint_*")
+    ):
+        found = _diff(json.loads(marker.read_text()), ident)
+        if found:
+            raise ValueError(
+                f"trial {cfg.name!r} in {trial_dir.parent} was started with another config "
+                f"({found}); re-run it unchanged to resume, or choose another name"
+            )
+        return
+    marker.write_text(json.dumps(ident, indent=1, sort_keys=True))
 
 
 def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
