@@ -11,6 +11,18 @@ import pytest
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread() -> Iterator[None]:
+    """Tiny models and tensors on a 2-core machine: one intra-op thread per test process avoids
+    oversubscription (two threads were many times slower under load)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
     """A 2-CPU local Ray instance (small object store, no dashboard), shut down at the end."""

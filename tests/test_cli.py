@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,15 +11,6 @@ import torch
 import yaml
 
 from calibtune.cli import build_parser, format_metrics_table, main
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # tiny models on a shared 2-core machine: one intra-op thread avoids oversubscription
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _write(tmp_path: Path, body: dict) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -29,15 +28,6 @@ from calibtune.data import (
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # small tensors: one intra-op thread avoids contention on a shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- writers for the official on-disk formats ---------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -78,15 +77,6 @@ def write_cifar10_test(root: Path, n: int = 20, value: int | None = None) -> np.
 def all_x(dataset: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     xs, ys = zip(*(dataset[i] for i in range(len(dataset))), strict=True)
     return torch.stack(xs), torch.as_tensor(ys)
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # small tensors: one intra-op thread avoids contention on a shared CPU
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --- registry -----------------------------------------------------------------------------

@@ -3,8 +3,6 @@ model actually learning the embedded default dataset."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from torch import nn
@@ -20,17 +18,6 @@ SMALL_SHAPES = {"resnet50_tiny": (3, 16, 16), "cnn1d": (1, 40), "mlp": (1, 8, 8)
 SMALL_SHAPES["small_cnn"] = (1, 8, 8)
 BIG = {"resnet50", "resnet50_tiny", "resnet110", "resnet110_bottleneck"}
 BIG |= {"wide_resnet26_10", "densenet121"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # On a shared CPU, several intra-op threads contend with other processes and a small
-    # forward/backward becomes 10–60× slower (measured: densenet121 on 2×3×8×8, 17.6 s with 2
-    # threads at load 5.5, 0.29 s with 1); these models are small enough for one thread.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def shape_of(name: str) -> tuple[int, ...]:

@@ -6,7 +6,6 @@ Focal calibration / focal temperature scaling are tested in ``test_posthoc_focal
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -31,17 +30,6 @@ from calibtune.posthoc._spline import (
     rescale_top,
 )
 from calibtune.posthoc._temperature import ts_probs
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # On the shared 2-core machine, two intra-op threads contending with other processes made a
-    # 5k x 100 grid search 5-20x slower than one thread (see bench/README.md); one is enough here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # Small grids keep the registry-wide contract tests fast; each entry's defaults are tested in
 # the method-specific tests below.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,16 +17,6 @@ from calibtune.posthoc import (
     focal_calibration_map,
 )
 from calibtune.posthoc._temperature import ts_probs
-
-
-@pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
-    # On the shared 2-core machine, two intra-op threads contending with other processes made a
-    # 5k x 100 grid search 5-20x slower than one thread (see bench/README.md); one is enough here.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def eq1_reference(q: torch.Tensor, gamma: float) -> torch.Tensor:

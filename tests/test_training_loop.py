@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -22,15 +21,6 @@ from calibtune.training import (
     lr_schedule,
     train_epochs,
 )
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # tiny models on a shared 2-core machine: one intra-op thread avoids oversubscription
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def _blobs(n: int, k: int = 3, d: int = 5, seed: int = 0) -> TensorDataset:

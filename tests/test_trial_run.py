@@ -7,7 +7,6 @@ tests need no Ray cluster; worker-mode tests (DDP, worker failure) are in test_t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,6 @@ import pytest
 import torch
 
 from calibtune.trial import TrialFailedError, TrialResult, config_from_dict, run
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Iterator[None]:
-    # tiny models on a shared 2-core machine: one intra-op thread avoids oversubscription
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 REPORT_KEYS = ("ece", "adaece", "classwise_ece", "mce", "nll", "brier", "error", "smece")
 
