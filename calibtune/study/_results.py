@@ -124,6 +124,22 @@ def _parse_param(v: str) -> Any:
         return v
 
 
+def pareto_mask(values: Any, modes: Sequence[str]) -> Any:
+    """Boolean mask (n,) of the rows of ``values`` (n, m) that no other row dominates
+    (at least as good in every objective, strictly better in one); NaN rows are never optimal."""
+    import numpy as np
+
+    v = np.asarray(values, dtype=float).copy()
+    for j, mode in enumerate(modes):
+        if mode == "max":
+            v[:, j] = -v[:, j]  # minimise everything
+    ok = ~np.isnan(v).any(1)
+    le = (v[:, None, :] <= v[None, :, :]).all(2)  # le[i, k]: i at least as good as k
+    lt = (v[:, None, :] < v[None, :, :]).any(2)
+    dominated = ((le & lt) & ok[:, None]).any(0)
+    return ok & ~dominated
+
+
 def compare_table(
     ref: StudyRef, metrics: Sequence[str] | None = None, sort: str | None = None
 ) -> pd.DataFrame:
@@ -151,6 +167,13 @@ def compare_table(
     key = sort or objective
     if key not in out.columns:
         raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
+    if len(ref.objectives) > 1:  # multi-objective: mark the Pareto front
+        out = out.copy()
+        out.insert(
+            2,
+            "pareto",
+            pareto_mask(df[[m for m, _ in ref.objectives]], [d for _, d in ref.objectives]),
+        )
     ascending = True if key != objective else mode == "min"
     return out.sort_values(key, ascending=ascending, kind="stable").reset_index(drop=True)
 
