@@ -108,6 +108,13 @@ class StudyConfig:
     def experiment(self) -> str:
         return self.tracking.experiment or f"calibtune/{self.name}"
 
+    def base_config(self) -> Any:
+        """The validated base trial config (`calibtune.trial.TrialConfig`, placeholder loss):
+        what every trial shares — data, model, schedule, evaluation, scaling."""
+        from calibtune.trial import config_from_dict
+
+        return config_from_dict({**self.trial, "loss": {"name": "cross_entropy"}})
+
     def loss(self, label: str) -> LossChoice:
         for c in self.losses:
             if c.label == label:

@@ -24,7 +24,6 @@ from calibtune.study._tracking import (
     PARENT,
     TAG_KIND,
     TAG_STATUS,
-    TAG_STUDY,
     TAG_TRIAL,
     _client,
     find_runs,
@@ -312,31 +311,6 @@ def export_best(
     return written
 
 
-def study_summary(ref: StudyRef) -> dict[str, Any]:
-    df = trials_frame(ref, include_unfinished=True)
-    counts = df["status"].value_counts().to_dict() if not df.empty else {}
-    return {
-        "study": ref.name,
-        "trials": len(df),
-        **{str(k): int(v) for k, v in counts.items()},
-    }
-
-
-def find_study_runs(uri: str, name: str) -> list[Any]:
-    """Parent runs tagged with this study name, across all experiments."""
-    client = _client(resolve_tracking_uri(uri))
-    exps = [e.experiment_id for e in client.search_experiments()]
-    return (
-        list(
-            client.search_runs(
-                exps, filter_string=f"tags.`{TAG_STUDY}` = '{name}'", max_results=100
-            )
-        )
-        if exps
-        else []
-    )
-
-
 __all__ = [
     "StudyNotFoundError",
     "StudyRef",
@@ -347,6 +321,5 @@ __all__ = [
     "locate_study",
     "mlflow_metric_name",
     "report_table",
-    "study_summary",
     "trials_frame",
 ]

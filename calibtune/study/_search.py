@@ -17,7 +17,6 @@ import copy
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -284,9 +283,7 @@ def _objective_args(study: StudyConfig) -> tuple[Any, Any]:
 def _resources(study: StudyConfig) -> dict[str, float]:
     """The Tune trial's own resources: in local mode it trains (1 CPU, or 1 GPU); with Train
     workers it only drives them (`DRIVER_RESOURCES`)."""
-    from calibtune.trial import config_from_dict
-
-    cfg = config_from_dict({**study.trial, "loss": {"name": "cross_entropy"}})
+    cfg = study.base_config()
     if cfg.scaling.num_workers == 0:
         res = {"cpu": float(cfg.scaling.resources_per_worker.get("CPU", 1.0))}
         if cfg.scaling.use_gpu:
@@ -457,9 +454,7 @@ def run_study(
     if study.search.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
 
-        from calibtune.trial import config_from_dict
-
-        epochs = config_from_dict({**study.trial, "loss": {"name": "cross_entropy"}}).train.epochs
+        epochs = study.base_config().train.epochs
         scheduler = ASHAScheduler(
             time_attr="training_iteration",
             max_t=epochs,
@@ -561,19 +556,15 @@ def resume_study(
 
 def _check_files(study: StudyConfig) -> None:
     """Fail before any trial starts when the dataset's or an OOD set's files are missing."""
-    from calibtune.trial import check_data_files, config_from_dict
+    from calibtune.trial import check_data_files
 
-    check_data_files(config_from_dict({**study.trial, "loss": {"name": "cross_entropy"}}), True)
+    check_data_files(study.base_config(), True)
 
 
 def _check_cluster(study: StudyConfig) -> None:
     import ray
 
-    from calibtune.trial import check_resources, config_from_dict
+    from calibtune.trial import check_resources
 
-    cfg = config_from_dict({**study.trial, "loss": {"name": "cross_entropy"}})
+    cfg = study.base_config()
     check_resources(cfg, ray.cluster_resources())
-
-
-def main_progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
