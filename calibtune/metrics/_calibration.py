@@ -54,6 +54,14 @@ class _Prepared:
         self.conf64 = self.conf.to(_F64)
         self.correct64 = self.correct.to(_F64)
         self._sorted: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._p64: torch.Tensor | None = None
+
+    @property
+    def p64(self) -> torch.Tensor:
+        """The probabilities in float64 (N, K), converted once for every metric that sums them."""
+        if self._p64 is None:
+            self._p64 = self.p.to(_F64)
+        return self._p64
 
     @property
     def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,12 +132,13 @@ def adaece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
 # -- classwise ---------------------------------------------------------------------------
 
 
-def _classwise_ece(p: torch.Tensor, y: torch.Tensor, n_bins: int) -> float:
+def _classwise_ece(prep: _Prepared, n_bins: int) -> float:
+    p, y = prep.p, prep.y
     n, k = p.shape
     offset = n_bins * torch.arange(k, device=p.device)
     ids = (equal_width_ids(p, n_bins) + offset).reshape(-1)
     conf_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
-    conf_sum.index_add_(0, ids, p.reshape(-1).to(_F64))
+    conf_sum.index_add_(0, ids, prep.p64.reshape(-1))
     # 1{y = k} is non-zero only at (n, y_n): N entries instead of N·K
     hit = ids.view(n, k).gather(1, y[:, None]).squeeze(1)
     acc_sum = torch.zeros_like(conf_sum).index_add_(
@@ -146,7 +155,7 @@ def classwise_ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> floa
     Mukhoti et al. 2020 and Ghosh et al. 2022.
     """
     p, y = check_probs_labels(probs, labels, n_bins)
-    return _classwise_ece(p, y, n_bins)
+    return _classwise_ece(_Prepared(p, y), n_bins)
 
 
 # -- proper scores and error -------------------------------------------------------------
@@ -159,7 +168,7 @@ def _nll_from_probs(prep: _Prepared) -> float:
 
 
 def _brier(prep: _Prepared) -> float:
-    p = prep.p.to(_F64)
+    p = prep.p64
     # Σ_k (p_k − y_k)² = Σ_k p_k² − 2 p_y + 1
     sq = torch.linalg.vecdot(p, p) - 2 * p.gather(1, prep.y[:, None]).squeeze(1) + 1
     return float(sq.mean())
@@ -394,7 +403,7 @@ def calibration_report(
     out: dict[str, Any] = {
         "ece": _ece(prep, n_bins),
         "adaece": _adaece(prep, n_bins),
-        "classwise_ece": _classwise_ece(p, y, n_bins),
+        "classwise_ece": _classwise_ece(prep, n_bins),
         "mce": _mce(prep, n_bins),
         "nll": (
             float(-log_p.gather(1, y[:, None]).mean())

@@ -53,6 +53,12 @@ def check_labels(labels: ArrayLike, n: int, k: int, device: torch.device) -> tor
 
 
 def check_matrix(x: ArrayLike, name: str) -> torch.Tensor:
+    """(N, K) finite floating-point scores with N >= 1 and K >= 2."""
+    return _matrix(x, name)[0]
+
+
+def _matrix(x: ArrayLike, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """`check_matrix` that also returns the float64 row sums it computed (N,)."""
     t = _float(as_tensor(x, name), name)
     if t.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D (N, K) array, got shape {tuple(t.shape)}")
@@ -65,12 +71,12 @@ def check_matrix(x: ArrayLike, name: str) -> torch.Tensor:
     if not bool(torch.isfinite(row).all()):
         bad = int((~torch.isfinite(row)).nonzero()[0, 0])
         raise ValueError(f"{name}: expected finite values, got NaN/inf (first in row {bad})")
-    return t
+    return t, row
 
 
 def check_probs(probs: ArrayLike, atol: float | None = None) -> torch.Tensor:
     """(N, K) probabilities: finite, in [0, 1], rows summing to 1 within ``atol``."""
-    p = check_matrix(probs, "probs")
+    p, row = _matrix(probs, "probs")
     if atol is None:
         atol = 1e-3 if p.dtype in (torch.float16, torch.bfloat16) else 1e-4
     lo, hi = torch.aminmax(p)
@@ -79,7 +85,7 @@ def check_probs(probs: ArrayLike, atol: float | None = None) -> torch.Tensor:
             f"probs: expected values in [0, 1], got range [{float(lo):.4g}, {float(hi):.4g}]"
             " (pass logits= if these are scores)"
         )
-    dev = (p.sum(1, dtype=torch.float64) - 1).abs()
+    dev = (row - 1).abs()
     if bool((dev > atol).any()):
         i = int(dev.argmax())
         raise ValueError(
