@@ -66,7 +66,7 @@ def _wait_nodes(gcs: str, n: int, timeout: float = 120) -> None:
     raise AssertionError(f"cluster did not reach {n} nodes:\n{out}")
 
 
-def test_submit_study_to_two_node_cluster(tmp_path):
+def test_submit_study_to_two_node_cluster(tmp_path, capsys):
     port, dash = free_port(), free_port()
     gcs, url = f"127.0.0.1:{port}", f"http://127.0.0.1:{dash}"
     common = ["--num-cpus", "1", "--object-store-memory", str(150 * 1024**2)]
@@ -145,7 +145,11 @@ def test_submit_study_to_two_node_cluster(tmp_path):
         assert all("test/ece" in t.data.metrics for t in trials)
         nodes = {t.data.tags["calibtune.node_id"] for t in trials}
         assert len(nodes) == 2, nodes  # trials ran on both nodes
+        job_id = capsys.readouterr().out.split("as Ray job ")[1].split()[0]
         assert main(["status", "--address", url]) == 0
+        assert job_id in capsys.readouterr().out
+        assert main(["logs", job_id, "--address", url]) == 0
+        assert "[calibtune] trial" in capsys.readouterr().out
     finally:
         if worker is not None:
             _stop(worker)

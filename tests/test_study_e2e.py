@@ -199,3 +199,24 @@ def test_ui_serves_the_store_on_loopback(finished):
     finally:
         stop_ui(proc)
     assert proc.poll() is not None
+
+
+def test_several_seeds_give_mean_std_and_one_run_per_seed(tmp_path, ray_session):
+    path = _study(tmp_path, "e2e_seeds", num_samples=1, epochs=1)
+    raw = yaml.safe_load(path.read_text())
+    raw["search"]["seeds"] = [1, 2]
+    raw["losses"] = ["cross_entropy"]
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    outcome = run_study(load_study(path), verbose=0)
+    client = MlflowClient(outcome.tracking_uri)
+    (trial,) = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    seeds = client.search_runs([outcome.experiment_id], f"tags.`{PARENT}` = '{trial.info.run_id}'")
+    assert sorted(r.data.params["seed"] for r in seeds) == ["1", "2"]
+    assert all(r.data.tags[TAG_KIND] == "seed" for r in seeds)
+    per_seed = [r.data.metrics["test/ece"] for r in seeds]
+    assert per_seed[0] != per_seed[1]  # different seeds, different models
+    m = trial.data.metrics
+    assert m["test/ece"] == pytest.approx(sum(per_seed) / 2)
+    assert m["test/ece_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2)
