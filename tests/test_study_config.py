@@ -237,3 +237,25 @@ def test_spaces_build_optuna_distributions(tmp_path):
     assert space.dists["n_bins"] == IntDistribution(5, 30, step=5)
     assert space.dists["update_every"] == CategoricalDistribution(["epoch", 10])
     assert space.fixed == {"gamma_max": 20.0}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mukhoti2020_focal_cifar10",
+        "ghosh2022_adafocal_cifar10",
+        "tao2023_dual_focal_cifar10",
+        "fcl_cifar10",
+        "komisarenko2024_focal_ts_cifar10",
+    ],
+)
+def test_paper_studies_stop_before_any_trial_when_files_are_missing(
+    tmp_path, monkeypatch, capsys, name
+):
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(ROOT / "studies" / f"{name}.yaml")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "cifar10: dataset files not found" in err[0]
+    assert "cifar-10-batches-py" in err[0] and "never downloads" in err[0]
+    assert list(tmp_path.iterdir()) == []  # nothing written: no study state, no MLflow store

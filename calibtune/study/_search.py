@@ -434,10 +434,10 @@ def run_study(
     sdir = study_dir(study, storage)
     if (sdir / "tuner.pkl").exists():
         return resume_study(sdir, address=address, verbose=verbose)
-    sdir.mkdir(parents=True, exist_ok=True)
-    _check_files(study)
+    _check_files(study)  # bad input stops here, before anything is written or started
     init_ray(address)
     _check_cluster(study)
+    sdir.mkdir(parents=True, exist_ok=True)
     payload, parent = _payload_and_parent(study, sdir, tracking_uri)
     metric, mode = _objective_args(study)
     searcher = OptunaSearch(
