@@ -25,6 +25,8 @@ from calibtune.study._spaces import (
     load_yaml,
     parse_loss_space,
 )
+from calibtune.trial._config import _int
+from calibtune.trial._config import _mapping as _trial_mapping
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 SCHEDULERS = ("none", "asha")
@@ -125,26 +127,13 @@ class StudyConfig:
 # ------------------------------------------------------------------------------- parsing
 
 
-def _int(v: Any, path: str, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int):
-        if not (isinstance(v, float) and v.is_integer()):
-            raise StudyError(f"{path}: expected an integer >= {low}, got {v!r}")
-        v = int(v)
-    if v < low:
-        raise StudyError(f"{path}: expected an integer >= {low}, got {v!r}")
-    return v
-
-
 def _mapping(v: Any, path: str, keys: Sequence[str] | None = None) -> Mapping[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise StudyError(f"{path}: expected a mapping, got {v!r}")
-    if keys is not None:
-        for k in v:
-            if k not in keys:
-                raise StudyError(f"{path}.{k}: unknown key; expected one of {', '.join(keys)}")
-    return v
+    """The trial config's mapping check plus this section's unknown-key check."""
+    d = _trial_mapping(v, path)
+    for k in d if keys is not None else ():
+        if k not in keys:
+            raise StudyError(f"{path}.{k}: unknown key; expected one of {', '.join(keys)}")
+    return d
 
 
 def _objectives(raw: Any) -> tuple[Objective, ...]:
@@ -369,7 +358,7 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
             storage=storage,
             description=desc,
         )
-    except StudyError as exc:
+    except ValueError as exc:  # StudyError, and the shared trial-config validators' errors
         raise StudyError(prefix + " ".join(str(exc).split())) from None
 
 

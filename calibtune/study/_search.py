@@ -292,41 +292,40 @@ def _resources(study: StudyConfig) -> dict[str, float]:
     return dict(DRIVER_RESOURCES)
 
 
-class _Progress:
-    """A ray.tune Callback printing one line per finished trial and the best so far."""
+def _progress(study: StudyConfig) -> Any:
+    """A ray.tune Callback printing one line per finished trial and the best so far (the class is
+    defined here so that importing this module does not import Ray)."""
+    from ray.tune import Callback
 
-    def __new__(cls, study: StudyConfig):
-        from ray.tune import Callback
+    class Progress(Callback):
+        def __init__(self) -> None:
+            self.done = 0
+            self.best: float | None = None
 
-        class Progress(Callback):
-            def __init__(self) -> None:
-                self.done = 0
-                self.best: float | None = None
+        def on_trial_complete(self, iteration, trials, trial, **info):  # type: ignore[override]
+            self.done += 1
+            metric, mode = study.search.objectives[0].metric, study.search.objectives[0].mode
+            value = (trial.last_result or {}).get(metric)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                if self.best is None:
+                    self.best = float(value)
+                elif mode == "min":
+                    self.best = min(self.best, float(value))
+                else:
+                    self.best = max(self.best, float(value))
+            running = sum(1 for t in trials if t.status == "RUNNING" and t is not trial)
+            best = "n/a" if self.best is None else f"{self.best:.4f}"
+            print(
+                f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) done: "
+                f"{metric}={value if value is None else f'{value:.4f}'} | finished {self.done}/"
+                f"{study.search.num_samples}, running {running} | best {metric} {best}",
+                flush=True,
+            )
 
-            def on_trial_complete(self, iteration, trials, trial, **info):  # type: ignore[override]
-                self.done += 1
-                metric, mode = study.search.objectives[0].metric, study.search.objectives[0].mode
-                value = (trial.last_result or {}).get(metric)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    if self.best is None:
-                        self.best = float(value)
-                    elif mode == "min":
-                        self.best = min(self.best, float(value))
-                    else:
-                        self.best = max(self.best, float(value))
-                running = sum(1 for t in trials if t.status == "RUNNING" and t is not trial)
-                best = "n/a" if self.best is None else f"{self.best:.4f}"
-                print(
-                    f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) done: "
-                    f"{metric}={value if value is None else f'{value:.4f}'} | finished {self.done}/"
-                    f"{study.search.num_samples}, running {running} | best {metric} {best}",
-                    flush=True,
-                )
+        def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
+            print(f"[calibtune] trial {trial.trial_id} failed: {trial.error_file}", flush=True)
 
-            def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
-                print(f"[calibtune] trial {trial.trial_id} failed: {trial.error_file}", flush=True)
-
-        return Progress()
+    return Progress()
 
 
 def client_token_auth() -> None:
@@ -473,7 +472,7 @@ def run_study(
             name=study.name,
             storage_path=str(sdir.parent),
             failure_config=tune.FailureConfig(max_failures=study.search.max_failures),
-            callbacks=[_Progress(study)],
+            callbacks=[_progress(study)],
             verbose=verbose,
         ),
     )

@@ -49,9 +49,6 @@ class Space:
     dists: Mapping[str, BaseDistribution]
     fixed: Mapping[str, Any]
 
-    def names(self) -> list[str]:
-        return sorted({*self.dists, *self.fixed})
-
 
 def _number(v: Any, where: str, what: str) -> float:
     if isinstance(v, str):
