@@ -2,8 +2,9 @@
 
 ``CALIBTUNE_FAILPOINT=name[:epoch]`` and ``CALIBTUNE_FAILPOINT_DIR=DIR`` make the process that
 reaches `failpoint(name, epoch)` write ``DIR/name.hit`` (its pid) and pause, so that a test can
-kill a chosen process (the driver, a worker) at exactly that moment with SIGKILL. Production
-runs never set the variable; the check is one dictionary lookup.
+kill a chosen process (the driver, a worker) at exactly that moment with SIGKILL; with
+``CALIBTUNE_FAILPOINT_SKIP=n`` the first ``n`` processes to reach it pass (e.g. to let the first
+trial of a study finish). Production runs never set the variable; the check is one lookup.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def failpoint(name: str, epoch: int | None = None, pause_s: float = 600.0) -> No
     folder = Path(os.environ.get("CALIBTUNE_FAILPOINT_DIR", "."))
     hit = folder / f"{name}.hit"
     if hit.exists():  # pause once: the resumed run goes on
+        return
+    passed = len(list(folder.glob(f"{name}.pass*")))
+    if passed < int(os.environ.get("CALIBTUNE_FAILPOINT_SKIP", "0")):
+        (folder / f"{name}.pass{passed}").write_text(str(os.getpid()))
         return
     hit.write_text(str(os.getpid()))
     time.sleep(pause_s)

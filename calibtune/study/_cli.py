@@ -78,7 +78,11 @@ def _print_outcome(outcome: Any) -> None:
 
     ref = locate_study(outcome.storage)
     table = compare_table(ref)
-    print(f"\nstudy {outcome.name}: {len(table)} finished trials (best first)")
+    c = outcome.counts
+    print(
+        f"\nstudy {outcome.name}: {c.get('finished', 0)} finished, {c.get('failed', 0)} failed, "
+        f"{c.get('stopped', 0)} stopped early, {c.get('unfinished', 0)} not run (best first)"
+    )
     if not table.empty:
         print(format_table(table, "markdown"))
     print(
@@ -87,6 +91,32 @@ def _print_outcome(outcome: Any) -> None:
     )
     print(f"see them in the MLflow UI:  calibtune ui --tracking-uri {outcome.tracking_uri}")
     print(f"export the best config:     calibtune export {outcome.storage} --top 1")
+
+
+def _exit_code(outcome: Any) -> int:
+    """0 only when every trial ended (finished, failed with its reason, or stopped early by the
+    scheduler) and at least one finished; 130/143 after SIGINT/SIGTERM (state saved)."""
+    from calibtune.study._search import SIGNAL_EXIT
+
+    resume = f"`calibtune resume {outcome.storage}`"
+    if outcome.stopped_by in SIGNAL_EXIT:
+        print(
+            f"calibtune: study {outcome.name} stopped by {outcome.stopped_by}; its state is "
+            f"saved: continue it with {resume}",
+            file=sys.stderr,
+        )
+        return SIGNAL_EXIT[outcome.stopped_by]
+    if outcome.stopped_by:
+        print(f"calibtune: {outcome.stopped_by}", file=sys.stderr)
+        return 1
+    if outcome.counts.get("unfinished", 0) > 0:
+        print(
+            f"calibtune: study {outcome.name}: expected {outcome.counts['unfinished']} more "
+            f"trials to end, found them unfinished; continue with {resume}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0 if outcome.counts.get("finished", 0) > 0 else 1
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -109,8 +139,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             verbose=0 if args.quiet else 1,
         )
     _print_outcome(outcome)
-    failed = sum(1 for r in outcome.results if r.error is not None)
-    return 1 if failed and failed == len(outcome.results) else 0
+    return _exit_code(outcome)
 
 
 # ------------------------------------------------------------------------------- resume
@@ -141,7 +170,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             args.study, address=args.address, storage=args.storage, verbose=0 if args.quiet else 1
         )
     _print_outcome(outcome)
-    return 0
+    return _exit_code(outcome)
 
 
 # ------------------------------------------------------------------------------- tables

@@ -147,7 +147,7 @@ def _seed_run(
         raise
     if seed_run is not None:
         seed_run.close("finished")
-    return res.metrics
+    return res
 
 
 def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
@@ -172,15 +172,21 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
     )
     try:
-        per_seed = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
+        results = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
     except BaseException as exc:
         child.fail(failure_reason(exc), traceback.format_exc())
         raise
-    final = aggregate(per_seed)
-    if len(per_seed) > 1:
+    final = aggregate([r.metrics for r in results])
+    if len(results) > 1:
         log_metrics(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
     child.close("finished")
-    tune.report({**final, "calibtune/done": 1.0})
+    # the last epoch's values too: an objective may be an epoch metric (val/ece)
+    last = aggregate([{k: v for k, v in r.history[-1].items() if _scalar(v)} for r in results])
+    tune.report({**last, **final, "calibtune/done": 1.0})
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _run_name(label: str, hp: Mapping[str, Any], seeds: tuple[int, ...]) -> str:
