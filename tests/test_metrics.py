@@ -397,7 +397,9 @@ def test_metrics_on_cuda_equal_cpu():
     for k in M.REPORT_KEYS:
         assert gpu[k] == pytest.approx(cpu[k], abs=1e-9), k
     table = M.reliability_table(probs.cuda(), labels.cuda(), binning="mass")
-    np.testing.assert_allclose(table["gap"], M.reliability_table(probs, labels, binning="mass")["gap"])
+    np.testing.assert_allclose(
+        table["gap"], M.reliability_table(probs, labels, binning="mass")["gap"]
+    )
 
 
 BAD_INPUTS = [
