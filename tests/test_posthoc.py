@@ -255,7 +255,7 @@ def test_ts_on_focal_ts_grid_is_focal_ts_with_gamma_zero() -> None:
 @pytest.mark.parametrize("name", ["ts", "focal_ts"])
 def test_equal_mass_fit_is_independent_of_the_validation_order(name: str) -> None:
     # 30 distinct logit rows repeated: every confidence is tied many times across group edges
-    zv, yv = planted(30, 5, 1.5, seed=9)
+    zv, _ = planted(30, 5, 1.5, seed=9)
     idx = torch.randint(0, 30, (900,), generator=torch.Generator().manual_seed(1))
     z, y = zv[idx], torch.randint(0, 5, (900,), generator=torch.Generator().manual_seed(2))
     params = {"criterion": "adaece", **FAST_PARAMS.get(name, {})}

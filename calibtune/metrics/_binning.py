@@ -53,7 +53,7 @@ def equal_mass_ids(n: int, n_bins: int, device: torch.device | str = "cpu") -> t
 
 
 def equal_mass_order(conf: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:
-    """Indices sorting ``conf`` (..., N) by (confidence, correctness) ascending, along the last axis.
+    """Indices sorting ``conf`` (..., N) by (confidence, correctness) ascending, on the last axis.
 
     ``correct`` (..., N) bool, broadcastable to ``conf``. Ties in both keys keep the input order
     (the pairs are then identical, so no statistic depends on it). Two stable sorts: first
