@@ -235,7 +235,7 @@ def test_ts_on_focal_ts_grid_is_focal_ts_with_gamma_zero() -> None:
     for criterion in ("adaece", "nll"):
         name = "ts" if criterion == "adaece" else "ts_nll"
         params = {"criterion": criterion} if name == "ts" else {}
-        ts = build_posthoc(name, grid="focal_ts", **params).fit(zv, yv)
+        ts = build_posthoc(name, t_grid="focal_ts", **params).fit(zv, yv)
         assert ts.temperatures == DEFAULT_FOCAL_TEMPERATURES and ts.grid.numel() == 500
         fts = FocalTemperatureScaling(criterion=criterion, gammas=[0.0]).fit(zv, yv)
         assert ts.T == fts.T and fts.gamma_ev == 0.0
@@ -246,10 +246,10 @@ def test_ts_on_focal_ts_grid_is_focal_ts_with_gamma_zero() -> None:
     for t, v in zip(ts.temperatures, ts.curve.tolist(), strict=True):
         assert v == pytest.approx(M.nll(torch.softmax(zv.double() / t, 1), yv), abs=1e-12)
     assert ts.T == 1.7
-    with pytest.raises(ValueError, match=r"expected at most one of grid and temperatures"):
-        build_posthoc("ts", grid="focal_ts", temperatures=[1.0])
-    with pytest.raises(ValueError, match=r"ts: grid: expected one of 'ts', 'focal_ts', got 'x'"):
-        build_posthoc("ts", grid="x")
+    with pytest.raises(ValueError, match=r"expected at most one of t_grid and temperatures"):
+        build_posthoc("ts", t_grid="focal_ts", temperatures=[1.0])
+    with pytest.raises(ValueError, match=r"ts: t_grid: expected one of 'ts', 'focal_ts', got 'x'"):
+        build_posthoc("ts", t_grid="x")
 
 
 @pytest.mark.parametrize("name", ["ts", "focal_ts"])

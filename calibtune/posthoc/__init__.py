@@ -7,7 +7,7 @@ validation split serves every method. Methods are named through the `POSTHOC` re
 
 ================  ===========================================================================
 ``ts``            `TemperatureScaling` — grid T ∈ {0.1, …, 10}, validation ECE (Mukhoti et al.
-                  2020); ``criterion``/``grid`` select Ghosh's or Komisarenko's protocol
+                  2020); ``criterion``/``t_grid`` select Ghosh's or Komisarenko's protocol
 ``ts_nll``        `TemperatureScaling` with ``criterion="nll"`` — T minimising validation NLL
 ``focal_ts``      `FocalTemperatureScaling` — focal calibration map on softmax(z/T)
                   (Komisarenko & Kull 2024), (γ_ev, T) on validation equal-mass ECE

@@ -23,7 +23,7 @@ POSTHOC.add(
 POSTHOC.add(
     "ts_nll",
     lambda **kw: TemperatureScaling(criterion="nll", **kw),
-    params=tuple(p for p in TS_PARAMS if p.name in ("grid", "temperatures", "t_min", "t_max")),
+    params=tuple(p for p in TS_PARAMS if p.name in ("t_grid", "temperatures", "t_min", "t_max")),
     summary="temperature scaling; T minimising validation NLL over log T (or over a grid)",
 )
 POSTHOC.add(

@@ -5,7 +5,7 @@ smallest T: Mukhoti et al. 2020 (§5, "Temperature Scaling") keep the T minimisi
 ECE (15 equal-width bins, ``criterion="ece"``, the default); Ghosh et al. 2022 (§6 and Table 1)
 the T minimising the validation ECE_EM (15 equal-mass bins, ``criterion="adaece"``; their
 appendix tables select on equal-width ECE). Komisarenko & Kull 2024 (§5.1) compare focal TS with
-TS "selected over the same values grid and same choice criteria": ``grid="focal_ts"``
+TS "selected over the same values grid and same choice criteria": ``t_grid="focal_ts"``
 ({0.01, 0.02, …, 5.00}) with ``criterion="adaece"`` or ``"nll"``. ``criterion="nll"`` without a
 grid minimises the validation NLL continuously over log T (Guo et al. 2017). Temperature scaling
 never changes the argmax.
@@ -28,7 +28,7 @@ from ._grid import binned_criterion_grid, first_minimum
 DEFAULT_TEMPERATURES: tuple[float, ...] = tuple(k / 10 for k in range(1, 101))
 # T = k/100, k = 1..500 (Komisarenko & Kull's "0.01 to 5 with a step of 0.01"), exact k/100.
 DEFAULT_FOCAL_TEMPERATURES: tuple[float, ...] = tuple(k / 100 for k in range(1, 501))
-# The named grids a study may select with ``grid:`` (focal TS's default grid is "focal_ts").
+# The named grids a study may select with ``t_grid:`` (focal TS's default grid is "focal_ts").
 TEMPERATURE_GRIDS: dict[str, tuple[float, ...]] = {
     "ts": DEFAULT_TEMPERATURES,
     "focal_ts": DEFAULT_FOCAL_TEMPERATURES,
@@ -49,7 +49,7 @@ TS_PARAMS: tuple[Param, ...] = (
     ),
     Param("n_bins", 15, kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
     Param(
-        "grid",
+        "t_grid",
         None,
         kind="categorical",
         choices=tuple(TEMPERATURE_GRIDS),
@@ -64,7 +64,7 @@ TS_PARAMS: tuple[Param, ...] = (
         low=0.0,
         low_open=True,
         searchable=False,
-        doc="explicit grid of T (instead of grid); with nll it makes the NLL search a grid search",
+        doc="explicit grid of T (instead of t_grid); with nll it makes the search a grid search",
     ),
     Param("t_min", 0.01, low=0.0, low_open=True, searchable=False, doc="lower bound of T (nll)"),
     Param("t_max", 100.0, low=0.0, low_open=True, searchable=False, doc="upper bound of T (nll)"),
@@ -178,9 +178,9 @@ class TemperatureScaling(PosthocCalibrator):
     ``criterion="ece"`` (default, Mukhoti et al.'s protocol): T from the grid minimising the
     15-bin equal-width ECE of `calibtune.metrics.ece`; ``criterion="adaece"``: the equal-mass
     ECE of `calibtune.metrics.adaece` (Ghosh et al.'s ECE_EM). The grid is ``temperatures`` if
-    given, else the named ``grid`` (default "ts" = {0.1, …, 10.0}, T = k/10 exactly). Ties
+    given, else the named ``t_grid`` (default "ts" = {0.1, …, 10.0}, T = k/10 exactly). Ties
     (within a 1e-12 relative tolerance) go to the smallest T. ``criterion="nll"``: T minimising
-    the validation NLL — over the grid when ``grid`` or ``temperatures`` is given (Komisarenko &
+    the validation NLL — over the grid when ``t_grid`` or ``temperatures`` is given (Komisarenko &
     Kull's "same grid and same choice criteria"), else continuously over log T ∈ [t_min, t_max].
 
     Fitted attributes: ``T`` (float), ``criterion_value`` (validation criterion at ``T``),
@@ -198,7 +198,7 @@ class TemperatureScaling(PosthocCalibrator):
         self,
         criterion: str = "ece",
         n_bins: int = 15,
-        grid: str | None = None,
+        t_grid: str | None = None,
         temperatures: Any = None,
         t_min: float = 0.01,
         t_max: float = 100.0,
@@ -210,7 +210,7 @@ class TemperatureScaling(PosthocCalibrator):
             dict(
                 criterion=criterion,
                 n_bins=n_bins,
-                grid=grid,
+                t_grid=t_grid,
                 temperatures=temperatures,
                 t_min=t_min,
                 t_max=t_max,
@@ -222,18 +222,19 @@ class TemperatureScaling(PosthocCalibrator):
                 f"{owner}: expected t_min < t_max, got t_min={cfg['t_min']!r}, "
                 f"t_max={cfg['t_max']!r}"
             )
-        if cfg["grid"] is not None and cfg["temperatures"] is not None:
+        if cfg["t_grid"] is not None and cfg["temperatures"] is not None:
             raise ValueError(
-                f"{owner}: expected at most one of grid and temperatures, got grid="
-                f"{cfg['grid']!r} and temperatures"
+                f"{owner}: expected at most one of t_grid and temperatures, got t_grid="
+                f"{cfg['t_grid']!r} and temperatures"
             )
         self.criterion: str = cfg["criterion"]
         self.n_bins: int = cfg["n_bins"]
         # nll without a grid: continuous search; every other case: a grid search
+        self.t_grid: str | None = cfg["t_grid"]
         self.on_grid = self.criterion != "nll" or (
-            cfg["grid"] is not None or cfg["temperatures"] is not None
+            cfg["t_grid"] is not None or cfg["temperatures"] is not None
         )
-        default = TEMPERATURE_GRIDS[cfg["grid"] or "ts"]
+        default = TEMPERATURE_GRIDS[cfg["t_grid"] or "ts"]
         self.temperatures = temperature_grid(cfg["temperatures"], default)
         self.t_min: float = cfg["t_min"]
         self.t_max: float = cfg["t_max"]
