@@ -5,6 +5,7 @@ Focal calibration / focal temperature scaling are tested in ``test_posthoc_focal
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -81,6 +82,10 @@ def test_registry_entries_declare_defaults_matching_the_classes() -> None:
         obj = entry.factory(**entry.defaults())
         assert isinstance(obj, PosthocCalibrator)
         assert obj.name == entry.name
+        # each declared default is the constructor's own default (one source of defaults)
+        signature = inspect.signature(type(obj).__init__).parameters
+        for p in entry.params:
+            assert signature[p.name].default == p.default, (entry.name, p.name)
     assert build_posthoc("ts_nll").criterion == "nll" and not build_posthoc("ts_nll").on_grid
     assert build_posthoc("ts").criterion == "ece"
     assert build_posthoc("ts").temperatures == DEFAULT_TEMPERATURES
