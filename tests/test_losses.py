@@ -136,6 +136,14 @@ class TestLossContract:
         out.backward()
         assert out.dtype == dtype and out.device == z.device
         assert z.grad is not None and z.grad.dtype == dtype and torch.isfinite(z.grad).all()
+        # device: on the "meta" device any tensor the loss created on the CPU would raise
+        # (a device mismatch), so this checks device handling without a GPU
+        loss = _with_state(build_loss(name)).to("meta")
+        zm = torch.empty(16, 5, dtype=dtype, device="meta", requires_grad=True)
+        out = loss(zm, y.to("meta"))
+        out.backward()
+        assert out.device.type == "meta" and out.dtype == dtype
+        assert zm.grad is not None and zm.grad.device.type == "meta" and zm.grad.dtype == dtype
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
     def test_cuda(self, name: str) -> None:
