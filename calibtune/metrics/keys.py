@@ -165,9 +165,11 @@ def parse(text: str) -> MetricKey:
     for s in STATS:
         if body.endswith(f"_{s}"):
             body, stat = body[: -len(s) - 1], s
-    head, _, method = body.partition("@")
+    head, at, method = body.partition("@")
     parts = head.split("/")
     try:
+        if at and not method:
+            raise ValueError("empty method")
         if len(parts) == 1:
             return MetricKey("", parts[0], method, stat=stat)
         split = parts[0]
