@@ -449,11 +449,23 @@ def config_to_dict(cfg: TrialConfig) -> dict[str, Any]:
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrialConfig:
     """Read a trial YAML file (through `calibtune._yaml.load_file`: size, encoding, alias and
     duplicate-key checks), apply ``key.path=value`` overrides, validate."""
+    if not Path(path).exists():  # the CLI answers "PATH: no such file"
+        raise FileNotFoundError(path)
     raw = load_file(path, "trial config file")
     raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    return config_from_dict(apply_overrides(raw, overrides))
+    try:
+        return config_from_dict(apply_overrides(raw, overrides))
+    except ValueError as exc:
+        if overrides:  # name the file only when the problem is the file's, not an override's
+            try:
+                config_from_dict(raw)
+            except ValueError as own:
+                if str(own) == str(exc):
+                    raise _Bad(f"{path}: {exc}") from None
+            raise
+        raise _Bad(f"{path}: {exc}") from None
 
 
 def save_config(cfg: TrialConfig, path: str | os.PathLike[str]) -> None:
