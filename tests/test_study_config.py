@@ -130,7 +130,8 @@ MALFORMED = [
     ),
     (
         _with("space", {"train.epochs": {"type": "int", "low": 0, "high": 3}}),
-        r"space.train.epochs: value 0 is not valid here \(train.epochs: expected an integer in \[1,",
+        r"space.train.epochs: value 0 is not valid here "
+        r"\(train.epochs: expected an integer in \[1,",
     ),
 ]
 
