@@ -24,6 +24,7 @@ EXAMPLES = [
     ("posthoc/spline/knot_3", K.MetricKey("posthoc", "knot_3", "spline")),
     ("train/loss", K.MetricKey("train", "loss")),
     ("adaptive/gammas", K.MetricKey("adaptive", "gammas")),
+    ("adaptive/gap/bin_07", K.MetricKey("adaptive", "gap", bin=7)),
     ("lr", K.MetricKey("", "lr")),
     ("epoch_time", K.MetricKey("", "epoch_time")),
     ("val/ece@ts_std", K.MetricKey("val", "ece", "ts", stat="std")),
@@ -56,6 +57,7 @@ def test_ood_parts() -> None:
     )
     assert K.parse_ood_source("digits_noise/s2") == ("digits_noise", 2)
     assert K.std_key("val/ece@ts") == "val/ece@ts_std"
+    assert K.element_key("adaptive/gammas", 3) == "adaptive/gammas/bin_03"
 
 
 @pytest.mark.parametrize(
@@ -74,6 +76,9 @@ def test_ood_parts() -> None:
         "lr@ts",
         "@ts",
         "val/ece@",
+        "adaptive/gammas/bin_3",  # not canonical: the builder writes bin_03
+        "ood/svhn/s03/auroc",
+        "val/ece/bin_01",
     ],
 )
 def test_parse_rejects_keys_outside_the_grammar(bad: str) -> None:
@@ -156,7 +161,14 @@ def test_expected_keys_equal_what_a_real_trial_reports(tmp_path: Path) -> None:
     for h in res.history:
         reported |= set(h)
     assert reported == cfg.metric_keys()
-    for key in reported:
+    logged = set(reported)  # as MLflow gets them: list values one element per key
+    for h in res.history:
+        logged |= {
+            K.element_key(k, i) for k, v in h.items() if isinstance(v, list) for i in range(len(v))
+        }
+    assert any(k.startswith("adaptive/gammas/bin_") for k in logged)
+    for key in logged:
+        assert str(K.parse(key)) == key
         assert K.from_mlflow(K.to_mlflow(key)) == key
     assert not ray.is_initialized()  # local mode: no Ray instance
 

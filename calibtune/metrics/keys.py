@@ -4,6 +4,7 @@ Grammar (every part matches ``[A-Za-z0-9][A-Za-z0-9_-]*``: no ``.``, ``@`` or ``
 
     <name>                                   run-level: epoch, lr, train_time, epoch_time
     <split>/<name>[@<method>]                split: train, val, test, adaptive
+    adaptive/<name>/bin_<NN>                 one element of a list value (``adaptive/gammas``)
     ood/<set>[/s<severity>]/<name>[@<method>]
     posthoc/<method>/<param>                 a fitted post-hoc parameter (posthoc/ts/T)
     … any of the above + "_std"              seed standard deviation of a multi-seed study
@@ -36,6 +37,7 @@ __all__ = [
     "SPLITS",
     "MetricKey",
     "direction",
+    "element_key",
     "epoch_keys",
     "expected_keys",
     "final_keys",
@@ -87,6 +89,7 @@ HIGHER_IS_BETTER: Mapping[str, bool] = {
 
 _PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 _SEVERITY = re.compile(r"s([0-9]+)")
+_BIN = re.compile(r"bin_([0-9]+)")
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,7 @@ class MetricKey:
     ood: str = ""  # OOD set (ood/ keys only)
     severity: int | None = None
     stat: str = ""  # "std": the seed standard deviation
+    bin: int | None = None  # element of a list value (adaptive/gammas/bin_03)
 
     def __post_init__(self) -> None:
         if self.split and self.split not in SPLITS:
@@ -123,6 +127,7 @@ class MetricKey:
             and (self.severity is None or (self.split == "ood" and self.severity >= 0))
             and not (self.split in ("", "adaptive") and self.method)
             and self.stat in ("", *STATS)
+            and (self.bin is None or (self.split == "adaptive" and self.bin >= 0))
         )
         if not ok:
             raise ValueError(f"metric key: inconsistent parts {self!r}")
@@ -137,7 +142,8 @@ class MetricKey:
         if self.split == "ood":
             sev = "" if self.severity is None else f"/s{self.severity}"
             return f"ood/{self.ood}{sev}/{self.name}{at}{tail}"
-        return f"{self.split}/{self.name}{at}{tail}"
+        element = "" if self.bin is None else f"/bin_{self.bin:02d}"
+        return f"{self.split}/{self.name}{element}{at}{tail}"
 
     @property
     def measure(self) -> str:
@@ -158,9 +164,19 @@ def _measure_score(name: str) -> tuple[str, str]:
 
 
 def parse(text: str) -> MetricKey:
-    """Parse a metric key; raises ``ValueError`` naming the key for anything not in the grammar."""
+    """Parse a metric key; raises ``ValueError`` naming the key for anything not in the grammar
+    or not in its canonical form (so that ``str(parse(k)) == k`` always)."""
     if not isinstance(text, str) or not text:
         raise ValueError(f"metric key: expected a non-empty string, got {text!r}")
+    k = _parse(text)
+    if k is None or str(k) != text:
+        raise ValueError(
+            f"metric key: expected e.g. val/ece, test/ece@ts or ood/svhn/auroc, got {text!r}"
+        )
+    return k
+
+
+def _parse(text: str) -> MetricKey | None:
     body, stat = text, ""
     for s in STATS:
         if body.endswith(f"_{s}"):
@@ -183,13 +199,13 @@ def parse(text: str) -> MetricKey:
                     raise ValueError(f"severity {parts[2]!r}")
                 sev = int(m.group(1))
             return MetricKey("ood", parts[-1], method, ood=parts[1], severity=sev, stat=stat)
+        if split == "adaptive" and len(parts) == 3 and (m := _BIN.fullmatch(parts[2])):
+            return MetricKey(split, parts[1], method, stat=stat, bin=int(m.group(1)))
         if len(parts) == 2 and split not in ("ood", "posthoc"):
             return MetricKey(split, parts[1], method, stat=stat)
     except ValueError:
         pass
-    raise ValueError(
-        f"metric key: expected e.g. val/ece, test/ece@ts or ood/svhn/auroc, got {text!r}"
-    )
+    return None
 
 
 # ----------------------------------------------------------------------------- builders
@@ -225,12 +241,19 @@ def ood_key(source: str, measure: str, score: str = OOD_SCORES[0], method: str =
     return str(MetricKey("ood", name, method, ood=ood, severity=sev))
 
 
+def element_key(metric: str, index: int) -> str:
+    """The key of element ``index`` of a list value (``adaptive/gammas`` -> ``…/bin_03``): how
+    list values are logged to MLflow, which takes scalars only."""
+    k = parse(metric)
+    return str(MetricKey(k.split, k.name, k.method, stat=k.stat, bin=index))
+
+
 def std_key(metric: str) -> str:
     """The key of ``metric``'s seed standard deviation (``val/ece@ts`` -> ``val/ece@ts_std``)."""
     k = parse(metric)
     if k.stat:
         raise ValueError(f"std_key: expected a metric, got the statistic {metric!r}")
-    return str(MetricKey(k.split, k.name, k.method, k.ood, k.severity, "std"))
+    return str(MetricKey(k.split, k.name, k.method, k.ood, k.severity, "std", k.bin))
 
 
 # ----------------------------------------------------------------------------- MLflow
