@@ -47,7 +47,6 @@ SEARCH_KEYS = (
 )
 TRACKING_KEYS = ("uri", "experiment")
 LOSS_KEYS = ("name", "label", "space", "params")
-SELECTABLE_PREFIXES = K.SELECTABLE_PREFIXES  # kept for importers; owned by metrics.keys
 
 
 class StudyError(ValueError):
