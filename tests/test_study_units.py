@@ -11,9 +11,10 @@ import yaml
 
 from calibtune.study import load_study
 from calibtune.study._config import SAMPLERS
+from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._results import _metric_back, pareto_mask
-from calibtune.study._search import aggregate, conditional_grid, define_by_run, make_sampler
 from calibtune.study._tracking import mlflow_metric_name, resolve_tracking_uri
+from calibtune.study._trainable import aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 

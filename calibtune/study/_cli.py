@@ -246,7 +246,7 @@ def _ray_address(address: str | None) -> str:
         raise ValueError(
             "--address: expected the Ray dashboard address (http://HEAD:8265), got none"
         )
-    from calibtune.study._search import client_token_auth
+    from calibtune.study._raycluster import client_token_auth
 
     client_token_auth()
     return addr
@@ -287,7 +287,7 @@ def _add_submit(sub: Any) -> None:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from calibtune.study import load_study
-    from calibtune.study._search import default_storage
+    from calibtune.study._studydir import default_storage
     from calibtune.study._tracking import resolve_tracking_uri
 
     with _usage():

@@ -19,9 +19,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from calibtune.study._search import STATE_FILE, default_storage
+from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
     PARENT,
+    TAG_ERROR,
     TAG_KIND,
     TAG_STATUS,
     TAG_TRIAL,
@@ -49,30 +50,24 @@ def locate_study(
     study: str | Path, storage: str | Path | None = None, tracking_uri: str | None = None
 ) -> StudyRef:
     """Find a study by its YAML file, its storage directory, or its name."""
-    from calibtune.study._config import load_study, parse_study
+    from calibtune.study._config import load_study
 
     p = Path(study)
-    if p.is_file() and p.suffix in (".yaml", ".yml"):
-        cfg = load_study(p)
-        sdir = Path(storage or cfg.storage or default_storage()).expanduser().resolve() / cfg.name
-    elif (p / STATE_FILE).is_file():
-        sdir = p.resolve()
-    else:
-        sdir = Path(storage or default_storage()).expanduser().resolve() / str(study)
-    state_file = sdir / STATE_FILE
-    if not state_file.is_file():
-        raise StudyNotFoundError(
-            f"{study}: expected a study that has run (its state file {state_file}), found none; "
-            "run it first with `calibtune run STUDY.yaml`"
-        )
-    state = json.loads(state_file.read_text())
-    text = (sdir / "study.yaml").read_text()
-    cfg = parse_study(yaml.safe_load(text), state.get("study_path"), text)
+    try:
+        if p.is_file() and p.suffix in (".yaml", ".yml"):
+            cfg = load_study(p)
+            sd = StudyDir.find(cfg.name, storage or cfg.storage)
+        else:
+            sd = StudyDir.find(study, storage)
+    except StudyDirError as exc:
+        raise StudyNotFoundError(str(exc)) from None
+    state = sd.read_state()
+    cfg = sd.read_study()
     return StudyRef(
         cfg.name,
-        resolve_tracking_uri(tracking_uri) if tracking_uri else state["tracking_uri"],
-        state["experiment_id"],
-        state["parent_run_id"],
+        resolve_tracking_uri(tracking_uri) if tracking_uri else state.tracking_uri,
+        state.experiment_id,
+        state.parent_run_id,
         tuple((o.metric, o.mode) for o in cfg.search.objectives),
     )
 
@@ -101,6 +96,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             "trial_id": r.data.tags.get(TAG_TRIAL),
             "run_id": r.info.run_id,
             "status": status,
+            "reason": r.data.tags.get(TAG_ERROR, ""),
         }
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
@@ -110,7 +106,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    lead = ["trial_id", "loss_label", "loss", "status", "run_id"]
+    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id"]
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
@@ -142,11 +138,13 @@ def pareto_mask(values: Any, modes: Sequence[str]) -> Any:
 def compare_table(
     ref: StudyRef, metrics: Sequence[str] | None = None, sort: str | None = None
 ) -> pd.DataFrame:
-    """Trials with their params and the chosen metrics, sorted by ``sort`` (default: the first
-    objective, best first)."""
-    df = trials_frame(ref)
+    """Every ended trial with its status, params and the chosen metrics, sorted by ``sort``
+    (default: the first objective, best first); failed and stopped trials are listed too (their
+    missing metrics last), with the failure's reason."""
+    df = trials_frame(ref, include_unfinished=True)
     if df.empty:
         return df
+    df = df[df["status"] != "running"]
     objective, mode = ref.objectives[0]
     if metrics is None:
         metrics = [m for m, _ in ref.objectives] + [
@@ -156,20 +154,22 @@ def compare_table(
         ]
     missing = [m for m in metrics if m not in df.columns]
     known = sorted(c for c in df.columns if "/" in c)
-    if missing:
+    if missing and (df["status"] == "finished").any():
         raise ValueError(
             f"--metrics: expected metrics the trials logged (e.g. {', '.join(known[:8])}), "
             f"got {', '.join(missing)}"
         )
+    df = df.assign(**{m: float("nan") for m in missing})
     params = [c for c in df.columns if c.startswith("param:")]
-    out = df[["trial_id", "loss_label", *params, *metrics]]
+    reason = ["reason"] if (df["reason"] != "").any() else []
+    out = df[["trial_id", "loss_label", "status", *params, *metrics, *reason]]
     key = sort or objective
     if key not in out.columns:
         raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
     if len(ref.objectives) > 1:  # multi-objective: mark the Pareto front
         out = out.copy()
         out.insert(
-            2,
+            3,
             "pareto",
             pareto_mask(df[[m for m, _ in ref.objectives]], [d for _, d in ref.objectives]),
         )
@@ -210,34 +210,46 @@ def _pct(v: Any) -> float:
 def report_table(ref: StudyRef) -> pd.DataFrame:
     """The seeds' table: per loss (its best trial by the objective) test error, ECE, AdaECE and
     classwise ECE before and after temperature scaling (optimal T in brackets), after focal
-    temperature scaling, and OOD AUROC; values in %."""
-    df = trials_frame(ref)
+    temperature scaling, and OOD AUROC; values in %. Failed trials are counted per loss with
+    the first reason; a loss whose trials all failed gets a row with its reason only."""
+    df = trials_frame(ref, include_unfinished=True)
     if df.empty:
         return df
     objective, mode = ref.objectives[0]
     rows = []
     for label, group in df.groupby("loss_label", sort=False):
-        g = group[group[objective].notna()] if objective in group else group
-        if g.empty:
-            continue
-        best = g.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
+        done = group[group["status"] == "finished"]
+        if objective in done:
+            done = done[done[objective].notna()]
+        failed = group[group["status"] == "failed"]
         row: dict[str, Any] = {"loss": label}
-        t = best.get("posthoc/ts/T")
-        for title, pre, post in REPORT_COLUMNS:
-            row[title] = _pct(best.get(pre))
-            if post:
-                val = _pct(best.get(post))
-                row[f"{title} (TS)"] = (
-                    f"{val:.2f} ({t:.1f})"
-                    if isinstance(t, float) and not math.isnan(t)
-                    else f"{val:.2f}"
-                )
-        row["ECE (focal TS)"] = _pct(best.get("test/ece@focal_ts"))
-        for col in sorted(c for c in best.index if c.startswith("ood/") and c.endswith("/auroc")):
-            row[f"AUROC {col[4:-6]}"] = _pct(best.get(col))
-        row["trial"] = best["trial_id"]
+        if not done.empty:
+            best = done.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
+            row.update(_report_row(best))
+        if len(failed):
+            row["failed"] = len(failed)
+            row["failure"] = failed["reason"].iloc[0]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _report_row(best: pd.Series) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    t = best.get("posthoc/ts/T")
+    for title, pre, post in REPORT_COLUMNS:
+        row[title] = _pct(best.get(pre))
+        if post:
+            val = _pct(best.get(post))
+            row[f"{title} (TS)"] = (
+                f"{val:.2f} ({t:.1f})"
+                if isinstance(t, float) and not math.isnan(t)
+                else f"{val:.2f}"
+            )
+    row["ECE (focal TS)"] = _pct(best.get("test/ece@focal_ts"))
+    for col in sorted(c for c in best.index if c.startswith("ood/") and c.endswith("/auroc")):
+        row[f"AUROC {col[4:-6]}"] = _pct(best.get(col))
+    row["trial"] = best["trial_id"]
+    return row
 
 
 def format_table(df: pd.DataFrame, fmt: str) -> str:

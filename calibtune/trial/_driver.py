@@ -34,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from calibtune._failpoints import failpoint
+from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
 from calibtune.trial._checkpoint import (
     epoch_dir,
@@ -178,9 +180,55 @@ def run(
     check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
     check_same_trial(cfg, trial_dir)
+    done = finished_result(cfg, trial_dir)
+    if done is not None:  # finished before (e.g. its study was interrupted right after)
+        return done
 
     with _quiet_local_mode(local):
-        return _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
+        result = _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
+    _save_result(result)
+    return result
+
+
+RESULT_FILE = "result.json"
+
+
+def _save_result(result: TrialResult) -> None:
+    """Record a finished trial (atomically): running it again returns this, untouched."""
+    payload = {
+        "config": config_to_dict(result.config),
+        "metrics": result.metrics,
+        "history": result.history,
+        "artifacts_dir": str(result.artifacts_dir),
+        "epochs_completed": result.epochs_completed,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "wall_time_s": result.wall_time_s,
+    }
+    atomic_write(result.trial_dir / RESULT_FILE, json.dumps(_jsonable(payload)))
+
+
+def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
+    """The saved result of this exact config in ``trial_dir``, if it finished there."""
+    path = trial_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError:  # never written half (atomic), but a hand-edited file is not trusted
+        return None
+    if saved.get("config") != json.loads(json.dumps(_jsonable(config_to_dict(cfg)))):
+        return None
+    nan = float("nan")
+    return TrialResult(
+        config=cfg,
+        metrics={k: nan if v is None else v for k, v in saved["metrics"].items()},
+        history=saved["history"],
+        trial_dir=trial_dir,
+        artifacts_dir=Path(saved["artifacts_dir"]),
+        epochs_completed=saved["epochs_completed"],
+        resumed_from_epoch=saved["resumed_from_epoch"],
+        wall_time_s=saved["wall_time_s"],
+    )
 
 
 # Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO
@@ -395,7 +443,25 @@ def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
 
 
 def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The Ray Train training function (runs on every worker, or in-process in local mode)."""
+    """The Ray Train training function (runs on every worker, or in-process in local mode).
+
+    The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``,
+    default 1), never from the machine, so its numbers do not depend on where it runs."""
+    cfg = config_from_dict(payload["config"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(trial_threads(cfg))
+    try:
+        return _train_loop(cfg, payload)
+    finally:
+        torch.set_num_threads(before)
+
+
+def trial_threads(cfg: TrialConfig) -> int:
+    """Intra-op threads of one trial process: its CPU resources (at least 1)."""
+    return max(1, int(cfg.scaling.resources_per_worker.get("CPU", 1.0)))
+
+
+def _train_loop(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
     import ray.train.torch
     from ray.train import Checkpoint
@@ -405,7 +471,6 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     from calibtune.models import build_model
     from calibtune.training import LoopSpec, evaluate_final, infer_logits, lr_schedule, train_epochs
 
-    cfg = config_from_dict(payload["config"])
     trial_dir = Path(payload["trial_dir"])
     callbacks: list[TrialCallback] = payload["callbacks"]
     # Ray 2.60 refuses ray.train.get_context/report/get_checkpoint inside a Tune session; a local
@@ -461,37 +526,37 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         cfg.schedule.warmup_epochs,
     )
 
+    if rank == 0:  # epochs restored from the checkpoint but never logged (killed in between)
+        for cb in callbacks:
+            if hasattr(cb, "on_start"):
+                cb.on_start(history)
+
     def on_epoch_end(epoch: int, metrics: dict[str, Any], cache: Any) -> None:
+        # order: checkpoint, then log (callbacks), then report — a report blocks until the Tune
+        # driver takes it, so logging first keeps a killed driver from losing a logged epoch
         history.append(metrics)
+        failpoint("epoch_end", epoch)
         ckpt = None
         save = epoch % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs
         if save and rank == 0:
+            state = {"model": net, "optimizer": optimizer, "loss_fn": loss_fn, "history": history}
             if local:
-                d = epoch_dir(ckpt_root, epoch)
-                save_state(
-                    d, model=net, optimizer=optimizer, loss_fn=loss_fn, epoch=epoch, history=history
-                )
+                save_state(epoch_dir(ckpt_root, epoch), epoch=epoch, **state)
                 prune_local_checkpoints(ckpt_root, cfg.train.keep_checkpoints)
             else:
                 tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
-                save_state(
-                    tmp,
-                    model=net,
-                    optimizer=optimizer,
-                    loss_fn=loss_fn,
-                    epoch=epoch,
-                    history=history,
-                )
+                save_state(tmp, epoch=epoch, **state)
                 ckpt = Checkpoint.from_directory(tmp)
+        failpoint("after_checkpoint", epoch)
+        if rank == 0:
+            for cb in callbacks:
+                cb.on_epoch(epoch, metrics)
         if not via_tune:
             ray.train.report(metrics, checkpoint=ckpt)
         else:
             from ray import tune
 
             tune.report(_scalars(metrics))
-        if rank == 0:
-            for cb in callbacks:
-                cb.on_epoch(epoch, metrics)
 
     spec = LoopSpec(
         model=model,
@@ -531,6 +596,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     else:
         val_logits, val_labels = cache.val_logits, cache.val_labels
         test_logits, test_labels = cache.test_logits, cache.test_labels
+    failpoint("final_eval")
     final = evaluate_final(
         val_logits,
         val_labels,
@@ -586,5 +652,7 @@ def _write_artifacts(
     (art / "gamma_history.json").write_text(json.dumps(_jsonable(gamma_history)))
     (art / "roc.json").write_text(json.dumps(_jsonable(final.roc)))
     torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    env = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    (art / "environment.json").write_text(json.dumps(env))
     if cfg.eval.figures:
         save_trial_figures(art)
