@@ -36,6 +36,7 @@ import torch
 
 from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
+from calibtune._names import check_name, safe_join
 from calibtune.trial._checkpoint import (
     epoch_dir,
     latest_local_checkpoint,
@@ -157,7 +158,7 @@ def run(
     if name is not None:
         cfg = cfg.replace(name=name)
     cfg, storage = _absolute(cfg, None if storage_path is None else os.fspath(storage_path))
-    trial_dir = storage / cfg.name
+    trial_dir = safe_join(storage, check_name(cfg.name, "name"))  # never outside storage
     local = cfg.scaling.num_workers == 0
 
     from ray.tune.trainable.trainable_fn_utils import _in_tune_session
@@ -407,13 +408,20 @@ def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
 
 def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     """Load every configured OOD set (and, with ``splits``, the dataset) so that missing files
-    raise `DatasetNotFoundError` before any training starts rather than after it."""
+    raise `DatasetNotFoundError` before any training starts rather than after it; with
+    ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
     from calibtune import data as D
 
     if splits:
-        D.load_splits(
+        loaded = D.load_splits(
             cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
         )
+        n_train = len(loaded.train)
+        if cfg.train.batch_size > n_train:
+            raise ValueError(
+                f"train.batch_size: expected at most the {n_train} examples of the "
+                f"{cfg.data.name} training split, got {cfg.train.batch_size}"
+            )
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     for name in names:
         D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name)
