@@ -7,6 +7,7 @@ Grammar (every part matches ``[A-Za-z0-9][A-Za-z0-9_-]*``: no ``.``, ``@`` or ``
     adaptive/<name>/bin_<NN>                 one element of a list value (``adaptive/gammas``)
     ood/<set>[/s<severity>]/<name>[@<method>]
     posthoc/<method>/<param>                 a fitted post-hoc parameter (posthoc/ts/T)
+    study/<name>                             a study's counters on its parent run
     … any of the above + "_std"              seed standard deviation of a multi-seed study
 
 ``<method>`` is a post-hoc method fitted on validation (``test/ece@ts``: ECE on test after
@@ -54,7 +55,7 @@ __all__ = [
     "to_mlflow",
 ]
 
-SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive")
+SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study")  # study: parent run
 # Selection must never look at test data: objectives are validation (or training) metrics.
 SELECTABLE_SPLITS = ("val", "train")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)

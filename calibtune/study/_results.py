@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from calibtune.metrics import keys as K
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
     PARENT,
@@ -72,14 +73,6 @@ def locate_study(
     )
 
 
-def _metric_back(name: str) -> str:
-    """Inverse of `mlflow_metric_name` for the post-hoc suffixes calibtune produces."""
-    head, sep, tail = name.rpartition(".")
-    if sep and "/" in head and tail and not tail[0].isdigit() and "/" not in tail:
-        return f"{head}@{tail}"
-    return name
-
-
 def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFrame:
     """One row per trial (child run): ids, status, loss, params and final metrics."""
     runs = find_runs(
@@ -101,7 +94,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
         for k, v in r.data.metrics.items():
-            row[_metric_back(k)] = v
+            row[K.from_mlflow(k)] = v
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
@@ -182,7 +175,7 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
     df = trials_frame(ref)
     objective, mode = ref.objectives[0]
     metric = metric or objective
-    if not metric.startswith(("val/", "train/")):
+    if not K.is_selectable(metric):
         raise ValueError(
             "--metric: expected a validation metric (val/...; never select on test data), "
             f"got {metric!r}"
@@ -190,7 +183,12 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
     if df.empty or metric not in df.columns:
         raise ValueError(f"--metric: expected a metric the finished trials logged, got {metric!r}")
     if metric != objective:
-        mode = "max" if any(s in metric for s in ("auroc", "aupr", "acc")) else "min"
+        try:
+            mode = K.direction(metric)
+        except ValueError:
+            raise ValueError(
+                f"--metric: expected a metric with a direction (e.g. val/ece), got {metric!r}"
+            ) from None
     df = df[df[metric].notna()]
     return df.sort_values(metric, ascending=(mode == "min"), kind="stable").head(top)
 
@@ -245,11 +243,41 @@ def _report_row(best: pd.Series) -> dict[str, Any]:
                 if isinstance(t, float) and not math.isnan(t)
                 else f"{val:.2f}"
             )
-    row["ECE (focal TS)"] = _pct(best.get("test/ece@focal_ts"))
-    for col in sorted(c for c in best.index if c.startswith("ood/") and c.endswith("/auroc")):
-        row[f"AUROC {col[4:-6]}"] = _pct(best.get(col))
+    row["ECE (focal TS)"] = _pct(best.get(K.key("test", "ece", "focal_ts")))
+    row["NLL"] = _num(best.get(K.key("test", "nll")))
+    for method in _methods(best):  # equal-mass ECE and NLL after every other method
+        param = next((best[k] for k in best.index if k.startswith(f"posthoc/{method}/")), None)
+        shown = "" if param is None or _missing(param) else f" ({param:.2f})"
+        ada = _pct(best.get(K.key("test", "adaece", method)))
+        row[f"AdaECE ({method})"] = f"{ada:.2f}{shown}"
+        row[f"NLL ({method})"] = _num(best.get(K.key("test", "nll", method)))
+    for col in sorted(best.index):
+        k = _key(col)
+        if k and k.split == "ood" and k.name == "auroc" and not k.method and not k.stat:
+            row[f"AUROC {K.ood_source(k.ood, k.severity)}"] = _pct(best.get(col))
     row["trial"] = best["trial_id"]
     return row
+
+
+def _key(col: str) -> K.MetricKey | None:
+    try:
+        return K.parse(col)
+    except ValueError:
+        return None
+
+
+def _num(v: Any) -> float:
+    return float("nan") if _missing(v) else float(v)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _methods(best: pd.Series) -> list[str]:
+    """Post-hoc methods the trial was scored after, besides TS (which has its own columns)."""
+    found = {k.method for c in best.index if (k := _key(c)) and k.split == "test" and k.method}
+    return sorted(found - {"ts"})
 
 
 def format_table(df: pd.DataFrame, fmt: str) -> str:

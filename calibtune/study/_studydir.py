@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from calibtune._io import atomic_write
+from calibtune._names import check_name, safe_join
+from calibtune._yaml import load_text
 
 __all__ = [
     "STATE_FILE",
@@ -102,10 +104,11 @@ class StudyDir:
     def at(cls, name: str, storage: str | Path | None = None) -> StudyDir:
         """The folder of study ``name`` under ``storage`` (default `default_storage`)."""
         root = Path(storage or default_storage()).expanduser().resolve()
-        sd = cls(root, name)
-        if sd.path.parent != root or name in ("", ".", ".."):
-            raise StudyDirError(f"study name: expected a folder name inside {root}, got {name!r}")
-        return sd
+        try:
+            safe_join(root, check_name(name, "study name"), where="study name")
+        except ValueError as exc:
+            raise StudyDirError(str(exc)) from None
+        return cls(root, name)
 
     @classmethod
     def find(cls, ref: str | Path, storage: str | Path | None = None) -> StudyDir:
@@ -221,7 +224,7 @@ def self_contained(study: Any) -> str:
 
     from calibtune.study._spaces import load_yaml
 
-    raw = yaml.safe_load(study.text)
+    raw = load_text(study.text, "study")
     for i, item in enumerate(raw.get("losses") or []):
         if isinstance(item, dict) and isinstance(item.get("space"), str):
             space = load_yaml(study.losses[i].loss.path)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibtune.metrics import keys as K
+
 TAG_STUDY = "calibtune.study"
 TAG_KIND = "calibtune.kind"  # "study" | "trial" | "seed"
 TAG_TRIAL = "calibtune.trial_id"
@@ -50,8 +52,8 @@ def resolve_tracking_uri(uri: str | None, cwd: str | Path | None = None) -> str:
 
 
 def mlflow_metric_name(name: str) -> str:
-    """calibtune metric name -> a name MLflow accepts (``@`` is not allowed there)."""
-    return name.replace("@", ".")
+    """calibtune metric name -> a name MLflow accepts (`calibtune.metrics.keys.to_mlflow`)."""
+    return K.to_mlflow(name)
 
 
 def git_sha(cwd: str | Path | None = None) -> str:
@@ -298,7 +300,7 @@ class MlflowTrialCallback:
         for k, v in metrics.items():
             if isinstance(v, (list, tuple)):
                 for i, x in enumerate(v):
-                    flat[f"{k}/bin_{i:02d}"] = x
+                    flat[K.element_key(k, i)] = x
             else:
                 flat[k] = v
         flat["epoch"] = epoch

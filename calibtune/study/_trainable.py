@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
 from calibtune.study._spaces import decode
 from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_metrics
@@ -57,7 +58,7 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
     d["seed"] = seed
     d["name"] = name
     objectives_posthoc = sorted(
-        {o.metric.split("@", 1)[1] for o in study.search.objectives if "@" in o.metric}
+        {m for o in study.search.objectives if (m := K.parse(o.metric).method)}
     )
     if objectives_posthoc:
         ev = dict(d.get("eval") or {})
@@ -94,7 +95,7 @@ def aggregate(per_seed: list[Mapping[str, float]]) -> dict[str, float]:
         mean = sum(vals) / len(vals)
         out[k] = mean
         if len(per_seed) > 1:
-            out[f"{k}_std"] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+            out[K.std_key(k)] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
     return out
 
 

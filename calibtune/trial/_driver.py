@@ -37,6 +37,7 @@ import torch
 from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
+from calibtune.metrics import keys as K
 from calibtune.trial._checkpoint import (
     epoch_dir,
     latest_local_checkpoint,
@@ -437,7 +438,7 @@ def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
         severities = D.ood_severities(name) or (None,)
         for sev in severities:
             ood = D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name, severity=sev)
-            key = name if sev is None else f"{name}/s{sev}"
+            key = K.ood_source(name, sev)
             out.append(OODLogits(key, infer(ood.dataset)[0]))
     return out
 
