@@ -27,7 +27,7 @@ from calibtune.study._config import StudyConfig, load_study
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
-from calibtune.study._studydir import StudyDir, StudyState
+from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
 from calibtune.study._tracking import (
     TAG_HASH,
     child_statuses,
@@ -184,12 +184,19 @@ def resume_study(
         check_cluster(study)
         payload = _open_parent(study, sd, None)
         callbacks = study_callbacks(study, payload, sd.path)
-        tuner = tune.Tuner.restore(
-            str(sd.path),
-            trainable=make_trainable(study, payload),
-            resume_unfinished=True,
-            resume_errored=True,
-        )
+        try:
+            tuner = tune.Tuner.restore(
+                str(sd.path),
+                trainable=make_trainable(study, payload),
+                resume_unfinished=True,
+                resume_errored=True,
+            )
+        except Exception as exc:  # e.g. a state written by another Ray version
+            finish_run(payload.tracking_uri, payload.parent_run_id, "KILLED")
+            raise StudyDirError(
+                f"{sd.path}: expected a Ray Tune state this Ray can restore, got "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            ) from None
         return _fit(tuner, study, sd, payload, callbacks)
 
 

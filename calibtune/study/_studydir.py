@@ -21,6 +21,7 @@ import errno
 import fcntl
 import json
 import os
+import pickletools
 import socket
 import time
 from collections.abc import Iterator
@@ -195,10 +196,10 @@ class StudyDir:
         """Refuse, in one line, a folder Ray Tune could not restore completely (a truncated or
         missing state file after a crash or a full disk) before Ray unpickles anything."""
         tuner = self.path / TUNER_FILE
-        if not tuner.is_file() or tuner.stat().st_size == 0:
+        if not tuner.is_file() or not _is_tuner_pickle(tuner):
             raise StudyDirError(
-                f"{self.path}: expected Ray Tune's state {TUNER_FILE}, found "
-                f"{'an empty file' if tuner.is_file() else 'none'}; this study cannot be resumed "
+                f"{tuner}: expected Ray Tune's saved Tuner, found "
+                f"{'another file' if tuner.is_file() else 'none'}; this study cannot be resumed "
                 "(its finished trials stay in MLflow): run it under a new name"
             )
         states = sorted(self.path.glob("experiment_state-*.json"))
@@ -216,6 +217,20 @@ class StudyDir:
                     "corrupt file (was the disk full?); this study cannot be resumed completely "
                     "(its finished trials stay in MLflow): free space and run it under a new name"
                 ) from None
+
+
+def _is_tuner_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle of Ray Tune's Tuner state, judged by reading its opcodes
+    (`pickletools.genops` executes nothing) for the names that state always holds."""
+    names: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            for _op, arg, _pos in pickletools.genops(f):
+                if isinstance(arg, str):
+                    names.add(arg)
+    except Exception:  # not a pickle, or a truncated one
+        return False
+    return {"_tuner_kwargs", "ray.tune.tune_config"} <= names
 
 
 def self_contained(study: Any) -> str:
