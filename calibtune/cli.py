@@ -229,7 +229,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser: "calibtune run: error: unrecognized ..."
+        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args))
     except _UsageError as e:

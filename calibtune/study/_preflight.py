@@ -278,13 +278,11 @@ def _check_sqlite(uri: str, key: str, must_exist: bool) -> None:
 
 
 def _plugin_scheme(scheme: str) -> bool:
-    """Whether an installed MLflow plugin registers ``scheme`` as a tracking store."""
-    try:
-        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+    """Whether an installed MLflow plugin registers ``scheme`` as a tracking store (the entry
+    points MLflow's TrackingStoreRegistry loads; read without importing MLflow)."""
+    from importlib.metadata import entry_points
 
-        return scheme in _tracking_store_registry._registry
-    except Exception:  # another MLflow version: the built-in schemes only
-        return False
+    return any(ep.name == scheme for ep in entry_points(group="mlflow.tracking_store"))
 
 
 def check_tracking_uri(uri: str, key: str, must_exist: bool = False) -> None:
