@@ -204,6 +204,13 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         r"RAY_ADDRESS\), got connection refused",
     ),
     (
+        "run-address-auto-recorded",
+        ["run", "s.yaml", "--address", "auto"],
+        {"RAY_CURRENT_CLUSTER": "127.0.0.1:{closed}"},
+        r"--address: expected a running Ray cluster at auto \(= 127\.0\.0\.1:\d+ from "
+        r".*ray/ray_current_cluster\), got connection refused",
+    ),
+    (
         "run-storage-file",
         ["run", "s.yaml", "--storage", "afile"],
         {},
@@ -514,7 +521,11 @@ def test_bad_input_is_one_line_exit_2_and_nothing_happens(
             **{k: str(v) for k, v in crafted.items()},
         }
         for k, v in extra_env.items():
-            monkeypatch.setenv(k, _fill(v, values))
+            if k == "RAY_CURRENT_CLUSTER":  # what `ray start` records for 'auto'
+                (env["ray_tmp"] / "ray").mkdir()
+                (env["ray_tmp"] / "ray" / "ray_current_cluster").write_text(_fill(v, values))
+            else:
+                monkeypatch.setenv(k, _fill(v, values))
         before = _snapshot(*roots)
         code = _run_main([_fill(a, values) for a in argv])
     out, err = capsys.readouterr()
@@ -527,7 +538,7 @@ def test_bad_input_is_one_line_exit_2_and_nothing_happens(
     assert _snapshot(*roots) == before
     assert not (env["work"] / "runs").exists() and not (env["work"] / "mlflow.db").exists()
     assert not ray.is_initialized()
-    assert not (env["ray_tmp"] / "ray").exists()
+    assert not list(env["ray_tmp"].glob("ray/session_*"))
 
 
 # ------------------------------------------------------------------------- real executable
@@ -609,3 +620,35 @@ def test_ui_refuses_a_port_another_server_holds(
     assert proc.stderr.splitlines() == [
         f"calibtune ui: error: --port: expected a free port, got {port} (in use)"
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_storage_on_a_read_only_mount(tmp_path: Path) -> None:
+    """A read-only bind mount (private mount namespace, ``unshare -m``) as storage: one line
+    naming --storage and the read-only folder, nothing written."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(STUDY))
+    mount = f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro}"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", mount], capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a private read-only mount here: {probe.stderr[-200:]!r}")
+    exe = shutil.which("calibtune", path=str(Path(sys.executable).parent))
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", f"{mount} && {exe} run s.yaml --storage {ro}/studies"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"calibtune run: error: --storage: expected a writable directory, got {ro}/studies "
+        f"({ro} is read-only)"
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ro", "s.yaml"]
+    assert list(ro.iterdir()) == []

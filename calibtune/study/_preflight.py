@@ -90,12 +90,12 @@ def check_dir(path: str | Path, key: str, min_free: float | None = None) -> Path
     anc = _nearest_existing(p)
     if not anc.is_dir():
         raise ValueError(f"{key}: expected a directory path, got {p} ({anc} is a file)")
+    if os.statvfs(anc).f_flag & os.ST_RDONLY:
+        raise ValueError(f"{key}: expected a writable directory, got {p} ({anc} is read-only)")
     if not os.access(anc, os.W_OK | os.X_OK):
         raise ValueError(
             f"{key}: expected a writable directory, got {p} ({anc}: permission denied)"
         )
-    if os.statvfs(anc).f_flag & os.ST_RDONLY:
-        raise ValueError(f"{key}: expected a writable directory, got {p} ({anc} is read-only)")
     usage = shutil.disk_usage(anc)
     if usage.total == 0:
         raise ValueError(
@@ -157,23 +157,26 @@ def _host_port(address: str, default_port: int | None) -> tuple[str, int] | None
 
 
 def _ray_auto_address() -> tuple[str, str]:
-    """What ``ray.init(address='auto')`` would connect to, and where that came from: RAY_ADDRESS,
-    else the cluster the last ``ray start`` recorded (``<ray temp>/ray_current_cluster``), else
-    any running GCS process (Ray's `get_ray_address_from_environment`)."""
+    """What ``ray.init(address='auto')`` connects to, and where that came from, in Ray's order
+    (`ray._private.services.get_ray_address_from_environment`, without its log lines):
+    RAY_ADDRESS, else the cluster the last ``ray start`` recorded in
+    ``<ray temp>/ray_current_cluster``, else a running GCS process found by ``ps``."""
     env = os.environ.get("RAY_ADDRESS")
     if env:
         return env, "RAY_ADDRESS"
     from ray._private import services, utils
 
     recorded = utils.get_ray_address_file(None)
-    try:
-        found = services.get_ray_address_from_environment("auto", None)
-    except ConnectionError:
-        raise ValueError(
-            "--address: expected a running Ray cluster for 'auto' (RAY_ADDRESS, or the cluster "
-            f"`ray start` recorded in {recorded}), found none"
-        ) from None
-    return found, recorded if os.path.exists(recorded) else "a running Ray process"
+    found = utils.read_ray_address(None)
+    if found:
+        return found, recorded
+    running = sorted(services.find_gcs_addresses())
+    if running:
+        return running[0], "a running Ray process"
+    raise ValueError(
+        "--address: expected a running Ray cluster for 'auto' (RAY_ADDRESS, or the cluster "
+        f"`ray start` recorded in {recorded}), found none"
+    )
 
 
 def check_address(
