@@ -652,3 +652,92 @@ def test_storage_on_a_read_only_mount(tmp_path: Path) -> None:
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ro", "s.yaml"]
     assert list(ro.iterdir()) == []
+
+
+# ------------------------------------------------------------------------- the checks themselves
+
+
+@pytest.fixture
+def http_server() -> Iterator[tuple[str, list[str]]]:
+    """A plain HTTP server on loopback that answers 200 on /health only when told to."""
+    import http.server
+    import threading
+
+    healthy: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            ok = self.path == "/health" and healthy
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", healthy
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_tracking_uri_must_be_an_mlflow_server(http_server: tuple[str, list[str]]) -> None:
+    from calibtune.study._preflight import check_tracking_uri
+
+    url, healthy = http_server
+    with pytest.raises(
+        ValueError,
+        match=rf"^--tracking-uri: expected an MLflow server at {url}, got HTTP 404 from /health "
+        r"and 404 from its REST API$",
+    ):
+        check_tracking_uri(url, "--tracking-uri")
+    healthy.append("yes")
+    check_tracking_uri(url, "--tracking-uri")  # answers /health: accepted
+
+
+@pytest.mark.parametrize(
+    ("uri", "match"),
+    [
+        ("postgresql+psycopg2://u@127.0.0.1:{closed}/db", r"reachable database server.*refused"),
+        ("mysql://u@127.0.0.1:{closed}/db", r"reachable database server.*refused"),
+        ("sqlite://", r"expected sqlite:///PATH, got 'sqlite://'"),
+        ("sqlite:///:memory:", r"expected an SQLite database file, got .* \(in memory\)"),
+        ("s3://bucket/x", r"expected sqlite:///PATH, http\(s\)://HOST:PORT or a database URL"),
+        ("x" * 500 + "://y", r"got 'x{70,}\.\.\.$"),  # a short excerpt, never the whole value
+    ],
+)
+def test_tracking_uri_rejections(uri: str, match: str) -> None:
+    from calibtune.study._preflight import check_tracking_uri
+
+    with pytest.raises(ValueError, match=match):
+        check_tracking_uri(uri.replace("{closed}", str(_closed_port())), "--tracking-uri")
+
+
+def test_tracking_uris_accepted_without_writing(tmp_path: Path) -> None:
+    from calibtune.study._preflight import check_tracking_uri
+
+    check_tracking_uri("databricks", "k")
+    check_tracking_uri(f"sqlite:///{tmp_path}/new/dir/mlflow.db", "k")  # MLflow creates folders
+    check_tracking_uri(f"file://{tmp_path}/mlruns", "k")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match=r"^k: expected an existing MLflow store, got .*no such"):
+        check_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db", "k", must_exist=True)
+
+
+def test_free_space_threshold_comes_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from calibtune.study._preflight import check_storage
+
+    free = shutil.disk_usage(tmp_path).free / 2**20
+    monkeypatch.setenv("CALIBTUNE_MIN_FREE_MB", str(int(free * 4) + 1))
+    with pytest.raises(
+        ValueError, match=rf"^--storage: expected at least \d+ MiB free on {tmp_path}, found "
+    ):
+        check_storage(tmp_path / "studies", "--storage")
+    monkeypatch.setenv("CALIBTUNE_MIN_FREE_MB", "0")
+    assert check_storage(tmp_path / "studies", "--storage") == tmp_path / "studies"
+    assert not (tmp_path / "studies").exists()
