@@ -577,23 +577,30 @@ def _calibtune(
 def test_unreachable_address_or_server_answers_in_seconds(
     tmp_path: Path, flag: str, value: str, limit: float, budget: float, phrase: str
 ) -> None:
-    """The real executable answers in one line within ``limit`` s (the issue's bound). What the
-    check itself adds is measured against a baseline that fails at the first check after the
-    same imports and study loading (``--storage`` a file): at most ``budget`` s (the TCP or HTTP
-    timeout). The absolute bound is asserted when the machine is not oversubscribed: with a
-    load of several processes per core, Python start-up and importing torch alone take longer."""
+    """The real executable answers in one line within ``limit`` s (the issue's bound; before,
+    the address hung > 180 s and the server failed after 260 s). With a load of several
+    processes per core, Python start-up and importing torch alone can take longer, so there
+    the bound is 60 s, and the check's own time is measured apart: the preflight call takes at
+    most ``budget`` s (the TCP connect or HTTP timeout)."""
+    from calibtune.study import load_study
+    from calibtune.study._preflight import preflight_run
+
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(STUDY))
-    (tmp_path / "afile").write_text("x")
-    base, base_took = _calibtune(["run", "s.yaml", "--storage", "afile"], tmp_path, timeout=120)
-    assert base.returncode == 2 and "--storage: expected a directory" in base.stderr
     proc, took = _calibtune(["run", "s.yaml", flag, value], tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and re.search(phrase, lines[0]), proc.stderr
-    assert took - base_took <= budget, (took, base_took)
-    if os.getloadavg()[0] <= (os.cpu_count() or 1):
-        assert took <= limit, took
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "s.yaml"]
+    oversubscribed = os.getloadavg()[0] > (os.cpu_count() or 1)
+    assert took <= (60 if oversubscribed else limit), took
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]
+
+    study = load_study(tmp_path / "s.yaml")
+    kwargs = {"address": None, "tracking_uri": None, "storage": str(tmp_path / "runs")}
+    kwargs[flag.lstrip("-").replace("-", "_")] = value
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=phrase):
+        preflight_run(study, **kwargs)
+    assert time.monotonic() - t0 <= budget
 
 
 @pytest.mark.timeout(90)
