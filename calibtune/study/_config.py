@@ -17,6 +17,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from calibtune._names import check_experiment, check_name
+from calibtune._validate import check_int, check_keys, check_mapping
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
 from calibtune.study._spaces import (
@@ -27,8 +28,6 @@ from calibtune.study._spaces import (
     load_yaml,
     parse_loss_space,
 )
-from calibtune.trial._config import _int
-from calibtune.trial._config import _mapping as _trial_mapping
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 SCHEDULERS = ("none", "asha")
@@ -127,11 +126,10 @@ class StudyConfig:
 
 
 def _mapping(v: Any, path: str, keys: Sequence[str] | None = None) -> Mapping[str, Any]:
-    """The trial config's mapping check plus this section's unknown-key check."""
-    d = _trial_mapping(v, path)
-    for k in d if keys is not None else ():
-        if k not in keys:
-            raise StudyError(f"{path}.{k}: unknown key; expected one of {', '.join(keys)}")
+    """A mapping (``None``: empty) whose keys, if ``keys`` is given, are among them."""
+    d = check_mapping(v, path)
+    if keys is not None:
+        check_keys(d, keys, path)
     return d
 
 
@@ -179,17 +177,16 @@ def _split(metric: str) -> str | None:
         return None  # not a key at all: answered by _check_reported
 
 
-def _check_reported(objectives: Sequence[Objective], base_trial: Mapping[str, Any]) -> None:
+def _check_reported(objectives: Sequence[Objective], base: Any) -> None:
     """Every objective must be a key the trials report. A trial reports what its config's
     `TrialConfig.metric_keys` says, with each objective's post-hoc method added to
-    ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method counts."""
+    ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method counts.
+    ``base`` is the validated base trial config (`_base_trial`)."""
     import dataclasses
 
     from calibtune.posthoc import list_posthoc
-    from calibtune.trial import config_from_dict
 
-    cfg = config_from_dict({**base_trial, "loss": {"name": "cross_entropy"}})
-    cfg = cfg.replace(eval=dataclasses.replace(cfg.eval, epoch_posthoc=tuple(list_posthoc())))
+    cfg = base.replace(eval=dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc())))
     reported = cfg.metric_keys(posthoc_params=False)
     for i, o in enumerate(objectives):
         if o.metric not in reported:
@@ -229,19 +226,21 @@ def _search(raw: Any) -> SearchConfig:
         raise StudyError(
             f"search.seeds: expected a non-empty list of integers, got {excerpt(seeds)}"
         )
-    seeds = tuple(_int(x, f"search.seeds[{i}]", 0) for i, x in enumerate(seeds))
+    seeds = tuple(check_int(x, f"search.seeds[{i}]", 0) for i, x in enumerate(seeds))
     if len(set(seeds)) != len(seeds):
         raise StudyError(f"search.seeds: expected distinct seeds, got {list(seeds)}")
     return SearchConfig(
         sampler=sampler,
-        sampler_seed=_int(d.get("sampler_seed", s.sampler_seed), "search.sampler_seed", 0),
-        num_samples=_int(d.get("num_samples", s.num_samples), "search.num_samples", 1),
-        max_concurrent=_int(d.get("max_concurrent", s.max_concurrent), "search.max_concurrent", 1),
+        sampler_seed=check_int(d.get("sampler_seed", s.sampler_seed), "search.sampler_seed", 0),
+        num_samples=check_int(d.get("num_samples", s.num_samples), "search.num_samples", 1),
+        max_concurrent=check_int(
+            d.get("max_concurrent", s.max_concurrent), "search.max_concurrent", 1
+        ),
         objectives=objectives,
         scheduler=scheduler,
-        grace_period=_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
+        grace_period=check_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
         seeds=seeds,
-        max_failures=_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
+        max_failures=check_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
     )
 
 
@@ -304,8 +303,7 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
 def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
     """Searched trial-config keys (``optimizer.lr``, ``eval.n_bins``...), checked by building
     a trial config at both ends of each range."""
-    from calibtune.trial import config_from_dict
-    from calibtune.trial._config import apply_overrides
+    from calibtune.trial import apply_overrides, config_from_dict
 
     d = _mapping(raw, "space")
     dists = {}
@@ -352,8 +350,9 @@ def _grid_size(losses: Sequence[LossChoice], space: Space) -> int:
     return size
 
 
-def _base_trial(raw: Any) -> dict[str, Any]:
-    """The shared trial section, validated once as a trial config with a placeholder loss."""
+def _base_trial(raw: Any) -> tuple[dict[str, Any], Any]:
+    """The shared trial section and the `TrialConfig` it validates to (placeholder loss):
+    validated once here, reused by the checks that need it."""
     from calibtune.trial import config_from_dict
 
     trial = dict(_mapping(raw, "trial"))
@@ -362,10 +361,10 @@ def _base_trial(raw: Any) -> dict[str, Any]:
     if "seed" in trial:
         raise StudyError("trial.seed: unknown key; seeds go under search.seeds")
     try:
-        config_from_dict({**trial, "loss": {"name": "cross_entropy"}})
+        cfg = config_from_dict({**trial, "loss": {"name": "cross_entropy"}})
     except ValueError as exc:
         raise StudyError(f"trial.{exc}") from None
-    return trial
+    return trial, cfg
 
 
 def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfig:
@@ -375,10 +374,10 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
     try:
         d = _mapping(raw, "study", STUDY_KEYS)
         name = check_name(d.get("name"), "name")
-        trial = _base_trial(d.get("trial"))
+        trial, base = _base_trial(d.get("trial"))
         losses = _losses(d.get("losses"), base_dir)
         search = _search(d.get("search"))
-        _check_reported(search.objectives, trial)
+        _check_reported(search.objectives, base)
         space = _trial_space(d.get("space"), {**trial, "loss": {"name": "cross_entropy"}})
         if search.sampler == "grid" and search.num_samples != (size := _grid_size(losses, space)):
             raise StudyError(

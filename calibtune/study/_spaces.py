@@ -14,9 +14,7 @@ validator (spaces over trial-config keys such as ``optimizer.lr`` or ``eval.n_bi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +28,7 @@ from optuna.distributions import (
 )
 
 from calibtune._registry import Param
+from calibtune._validate import check_finite_number
 from calibtune._yaml import YamlError, YamlSyntaxError, cut, excerpt, load_file
 
 SPEC_KEYS = {
@@ -52,12 +51,7 @@ class Space:
 
 
 def _number(v: Any, where: str, what: str) -> float:
-    if isinstance(v, str):
-        with contextlib.suppress(ValueError):  # YAML 1.1 reads 5e-4 as a string
-            v = float(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise SpaceError(f"{where}.{what}: expected a finite number, got {excerpt(v)}")
-    return v
+    return check_finite_number(v, f"{where}.{what}", error=SpaceError)
 
 
 def _check_step(low: float, high: float, step: float | None, where: str) -> None:

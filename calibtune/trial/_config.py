@@ -11,16 +11,26 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from calibtune._names import check_name
+from calibtune._validate import (
+    ValidationError,
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_mapping,
+    check_str,
+    fail,
+)
 from calibtune._yaml import cut, excerpt, load_file, load_text
 
 __all__ = [
@@ -46,92 +56,6 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
-
-
-class _Bad(ValueError):
-    pass
-
-
-def _fail(path: str, expected: str, value: Any) -> _Bad:
-    """``path: expected <rule>, got <value>`` with the value cut to a short excerpt."""
-    return _Bad(f"{cut(path, 100)}: expected {expected}, got {excerpt(value)}")
-
-
-def _int(v: Any, path: str, low: int | None = None, high: int | None = None) -> int:
-    """An integer written as one (``2.0`` and ``1e30`` are floats: refused, never truncated)."""
-    if high is not None:
-        rule = f"an integer in [{'-inf' if low is None else low}, {high}]"
-    else:
-        rule = "an integer" + (f" >= {low}" if low is not None else "")
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _fail(path, rule, v)
-    if (low is not None and v < low) or (high is not None and v > high):
-        raise _fail(path, rule, v)
-    return int(v)
-
-
-def _float(
-    v: Any,
-    path: str,
-    low: float | None = None,
-    low_open: bool = False,
-    high: float | None = None,
-    allow_inf: bool = False,
-) -> float:
-    """A finite number in the range (``±inf`` only with ``allow_inf``; NaN never)."""
-    lo = "-inf" if low is None else f"{low:g}"
-    hi = "inf" if high is None else f"{high:g}"
-    lb = "(" if low_open or low is None else "["
-    rule = f"a number in {lb}{lo}, {hi}{')' if high is None else ']'}"
-    if isinstance(v, str):
-        try:  # YAML 1.1 reads "5e-4" as a string
-            v = float(v)
-        except ValueError:
-            raise _fail(path, rule, v) from None
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise _fail(path, rule, v)
-    v = float(v)
-    if math.isnan(v) or (math.isinf(v) and not allow_inf):
-        raise _fail(path, rule, v)
-    if low is not None and (v <= low if low_open else v < low):
-        raise _fail(path, rule, v)
-    if high is not None and v > high:
-        raise _fail(path, rule, v)
-    return v
-
-
-def _bool(v: Any, path: str) -> bool:
-    if not isinstance(v, bool):
-        raise _fail(path, "a boolean (true/false)", v)
-    return v
-
-
-def _str(v: Any, path: str) -> str:
-    if not isinstance(v, str) or not v:
-        raise _fail(path, "a non-empty string", v)
-    return v
-
-
-def _choice(v: Any, path: str, choices: Sequence[str]) -> str:
-    if v not in choices:
-        raise _fail(path, "one of " + ", ".join(repr(c) for c in choices), v)
-    return v
-
-
-def _mapping(v: Any, path: str) -> Mapping[str, Any]:
-    if v is None:
-        return {}
-    if not isinstance(v, Mapping):
-        raise _fail(path or "config", "a mapping", v)
-    return v
-
-
-def _check_keys(d: Mapping[str, Any], cls: type, path: str) -> None:
-    known = [f.name for f in fields(cls)]
-    for k in d:
-        if k not in known:
-            where = cut(f"{path}.{k}" if path else str(k))
-            raise _Bad(f"{where}: unknown key; expected one of {', '.join(known)}")
 
 
 @dataclass(frozen=True)
@@ -245,134 +169,138 @@ class TrialConfig:
 
 
 def _data(d: Mapping[str, Any]) -> DataConfig:
-    _check_keys(d, DataConfig, "data")
-    name = _str(d.get("name", "digits"), "data.name")
+    check_keys(d, DataConfig, "data")
+    name = check_str(d.get("name", "digits"), "data.name")
     from calibtune import data as _d
 
     if name not in _d.list_datasets():
-        raise _fail("data.name", "one of " + ", ".join(_d.list_datasets()), name)
+        raise fail("data.name", "one of " + ", ".join(_d.list_datasets()), name)
     root = d.get("root")
     if root is not None:
-        root = _str(root, "data.root")
+        root = check_str(root, "data.root")
     ood = d.get("ood")
     if ood is not None:
         if isinstance(ood, str) or not isinstance(ood, Sequence):
-            raise _fail("data.ood", "a list of OOD set names (or null for the defaults)", ood)
+            raise fail("data.ood", "a list of OOD set names (or null for the defaults)", ood)
         known = _d.list_ood()
         for i, o in enumerate(ood):
             if o not in known:
-                raise _fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
+                raise fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
         ood = tuple(ood)
-    vf = _float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
+    vf = check_float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
     return DataConfig(name=name, root=root, val_fraction=vf, ood=ood)
 
 
 def _model(d: Mapping[str, Any]) -> ModelConfig:
-    _check_keys(d, ModelConfig, "model")
-    name = _str(d.get("name", "mlp"), "model.name")
+    check_keys(d, ModelConfig, "model")
+    name = check_str(d.get("name", "mlp"), "model.name")
     from calibtune import models as _m
 
     if name not in _m.list_models():
-        raise _fail("model.name", "one of " + ", ".join(_m.list_models()), name)
+        raise fail("model.name", "one of " + ", ".join(_m.list_models()), name)
     return ModelConfig(name=name)
 
 
 def _loss(d: Mapping[str, Any]) -> LossConfig:
-    _check_keys(d, LossConfig, "loss")
-    name = _str(d.get("name", "cross_entropy"), "loss.name")
+    check_keys(d, LossConfig, "loss")
+    name = check_str(d.get("name", "cross_entropy"), "loss.name")
     from calibtune.losses import LOSSES
 
     if name not in LOSSES:
-        raise _fail("loss.name", "one of " + ", ".join(LOSSES.names()), name)
-    params = dict(_mapping(d.get("params"), "loss.params"))
+        raise fail("loss.name", "one of " + ", ".join(LOSSES.names()), name)
+    params = dict(check_mapping(d.get("params"), "loss.params"))
     try:
         resolved = LOSSES.get(name).resolve(**params)
     except ValueError as e:
-        raise _Bad(f"loss.params: {cut(str(e), 200)}") from None
+        raise ValidationError(f"loss.params: {cut(str(e), 200)}") from None
     return LossConfig(name=name, params=resolved)
 
 
 def _optimizer(d: Mapping[str, Any]) -> OptimizerConfig:
-    _check_keys(d, OptimizerConfig, "optimizer")
+    check_keys(d, OptimizerConfig, "optimizer")
     o = OptimizerConfig()
     return OptimizerConfig(
-        name=_choice(d.get("name", o.name), "optimizer.name", OPTIMIZERS),
-        lr=_float(d.get("lr", o.lr), "optimizer.lr", 0.0, low_open=True),
-        momentum=_float(d.get("momentum", o.momentum), "optimizer.momentum", 0.0, high=1.0),
-        weight_decay=_float(d.get("weight_decay", o.weight_decay), "optimizer.weight_decay", 0.0),
-        nesterov=_bool(d.get("nesterov", o.nesterov), "optimizer.nesterov"),
+        name=check_choice(d.get("name", o.name), "optimizer.name", OPTIMIZERS),
+        lr=check_float(d.get("lr", o.lr), "optimizer.lr", 0.0, low_open=True),
+        momentum=check_float(d.get("momentum", o.momentum), "optimizer.momentum", 0.0, high=1.0),
+        weight_decay=check_float(
+            d.get("weight_decay", o.weight_decay), "optimizer.weight_decay", 0.0
+        ),
+        nesterov=check_bool(d.get("nesterov", o.nesterov), "optimizer.nesterov"),
     )
 
 
 def _schedule(d: Mapping[str, Any], epochs: int) -> ScheduleConfig:
-    _check_keys(d, ScheduleConfig, "schedule")
+    check_keys(d, ScheduleConfig, "schedule")
     s = ScheduleConfig()
     ms = d.get("milestones")
     if ms is not None:
         if isinstance(ms, str) or not isinstance(ms, Sequence):
-            raise _fail("schedule.milestones", "a list of epoch numbers (or null)", ms)
-        ms = tuple(_int(m, f"schedule.milestones[{i}]", 1) for i, m in enumerate(ms))
+            raise fail("schedule.milestones", "a list of epoch numbers (or null)", ms)
+        ms = tuple(check_int(m, f"schedule.milestones[{i}]", 1) for i, m in enumerate(ms))
         if list(ms) != sorted(set(ms)):
-            raise _fail("schedule.milestones", "strictly increasing epoch numbers", list(ms))
-    warm = _int(d.get("warmup_epochs", 0), "schedule.warmup_epochs", 0)
+            raise fail("schedule.milestones", "strictly increasing epoch numbers", list(ms))
+    warm = check_int(d.get("warmup_epochs", 0), "schedule.warmup_epochs", 0)
     if warm >= epochs and warm > 0:
-        raise _fail("schedule.warmup_epochs", f"an integer < train.epochs ({epochs})", warm)
+        raise fail("schedule.warmup_epochs", f"an integer < train.epochs ({epochs})", warm)
     return ScheduleConfig(
-        name=_choice(d.get("name", s.name), "schedule.name", SCHEDULES),
+        name=check_choice(d.get("name", s.name), "schedule.name", SCHEDULES),
         milestones=ms,
-        gamma=_float(d.get("gamma", s.gamma), "schedule.gamma", 0.0, low_open=True, high=1.0),
+        gamma=check_float(d.get("gamma", s.gamma), "schedule.gamma", 0.0, low_open=True, high=1.0),
         warmup_epochs=warm,
     )
 
 
 def _train(d: Mapping[str, Any]) -> TrainConfig:
-    _check_keys(d, TrainConfig, "train")
+    check_keys(d, TrainConfig, "train")
     t = TrainConfig()
     clip = d.get("grad_clip")
     return TrainConfig(
-        epochs=_int(d.get("epochs", t.epochs), "train.epochs", 1, MAX_EPOCHS),
-        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", 1, MAX_BATCH),
-        grad_clip=None if clip is None else _float(clip, "train.grad_clip", 0.0, low_open=True),
-        checkpoint_every=_int(
+        epochs=check_int(d.get("epochs", t.epochs), "train.epochs", 1, MAX_EPOCHS),
+        batch_size=check_int(d.get("batch_size", t.batch_size), "train.batch_size", 1, MAX_BATCH),
+        grad_clip=None
+        if clip is None
+        else check_float(clip, "train.grad_clip", 0.0, low_open=True),
+        checkpoint_every=check_int(
             d.get("checkpoint_every", t.checkpoint_every), "train.checkpoint_every", 1
         ),
-        keep_checkpoints=_int(
+        keep_checkpoints=check_int(
             d.get("keep_checkpoints", t.keep_checkpoints), "train.keep_checkpoints", 1
         ),
-        loader_workers=_int(d.get("loader_workers", 0), "train.loader_workers", 0),
+        loader_workers=check_int(d.get("loader_workers", 0), "train.loader_workers", 0),
     )
 
 
 def _eval(d: Mapping[str, Any]) -> EvalConfig:
-    _check_keys(d, EvalConfig, "eval")
+    check_keys(d, EvalConfig, "eval")
     e = EvalConfig()
     raw = d.get("posthoc", list(DEFAULT_POSTHOC))
     if raw is None:
         raw = []
     if isinstance(raw, Mapping):
-        items = [(k, _mapping(v, f"eval.posthoc.{k}")) for k, v in raw.items()]
+        items = [(k, check_mapping(v, f"eval.posthoc.{k}")) for k, v in raw.items()]
     elif isinstance(raw, Sequence) and not isinstance(raw, str):
         items = [(k, {}) for k in raw]
     else:
-        raise _fail("eval.posthoc", "a list of post-hoc names or a mapping name -> params", raw)
+        raise fail("eval.posthoc", "a list of post-hoc names or a mapping name -> params", raw)
     from calibtune import posthoc as _p
 
     posthoc: dict[str, dict[str, Any]] = {}
     for name, params in items:
         if name not in _p.list_posthoc():
-            raise _fail("eval.posthoc", "names from " + ", ".join(_p.list_posthoc()), name)
+            raise fail("eval.posthoc", "names from " + ", ".join(_p.list_posthoc()), name)
         try:
             _p.build_posthoc(name, **params)
         except (TypeError, ValueError) as err:
-            raise _Bad(f"eval.posthoc.{name}: {cut(str(err), 200)}") from None
+            raise ValidationError(f"eval.posthoc.{name}: {cut(str(err), 200)}") from None
         posthoc[name] = dict(params)
     return EvalConfig(
-        batch_size=_int(d.get("batch_size", e.batch_size), "eval.batch_size", 1, MAX_BATCH),
-        n_bins=_int(d.get("n_bins", e.n_bins), "eval.n_bins", 1),
-        test_every_epoch=_bool(
+        batch_size=check_int(d.get("batch_size", e.batch_size), "eval.batch_size", 1, MAX_BATCH),
+        n_bins=check_int(d.get("n_bins", e.n_bins), "eval.n_bins", 1),
+        test_every_epoch=check_bool(
             d.get("test_every_epoch", e.test_every_epoch), "eval.test_every_epoch"
         ),
-        figures=_bool(d.get("figures", True), "eval.figures"),
+        figures=check_bool(d.get("figures", True), "eval.figures"),
         posthoc=posthoc,
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
     )
@@ -382,27 +310,29 @@ def _epoch_posthoc(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     if isinstance(raw, str) or not isinstance(raw, Sequence):
-        raise _fail("eval.epoch_posthoc", "a list of post-hoc method names", raw)
+        raise fail("eval.epoch_posthoc", "a list of post-hoc method names", raw)
     from calibtune import posthoc as _p
 
     for i, name in enumerate(raw):
         if name not in _p.list_posthoc():
-            raise _fail(f"eval.epoch_posthoc[{i}]", "one of " + ", ".join(_p.list_posthoc()), name)
+            raise fail(f"eval.epoch_posthoc[{i}]", "one of " + ", ".join(_p.list_posthoc()), name)
     return tuple(raw)
 
 
 def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
-    _check_keys(d, ScalingConfig, "scaling")
-    rpw = _mapping(d.get("resources_per_worker"), "scaling.resources_per_worker")
+    check_keys(d, ScalingConfig, "scaling")
+    rpw = check_mapping(d.get("resources_per_worker"), "scaling.resources_per_worker")
     res = {
-        _str(k, "scaling.resources_per_worker"): _float(v, f"scaling.resources_per_worker.{k}", 0.0)
+        check_str(k, "scaling.resources_per_worker"): check_float(
+            v, f"scaling.resources_per_worker.{k}", 0.0
+        )
         for k, v in rpw.items()
     }
     return ScalingConfig(
-        num_workers=_int(d.get("num_workers", 0), "scaling.num_workers", 0),
-        use_gpu=_bool(d.get("use_gpu", False), "scaling.use_gpu"),
+        num_workers=check_int(d.get("num_workers", 0), "scaling.num_workers", 0),
+        use_gpu=check_bool(d.get("use_gpu", False), "scaling.use_gpu"),
         resources_per_worker=res,
-        max_failures=_int(d.get("max_failures", 0), "scaling.max_failures", 0),
+        max_failures=check_int(d.get("max_failures", 0), "scaling.max_failures", 0),
     )
 
 
@@ -411,17 +341,17 @@ def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
 
     Raises ``ValueError("<key.path>: expected <rule>, got <value>")`` on the first problem.
     """
-    d = _mapping(d, "")
-    _check_keys(d, TrialConfig, "")
+    d = check_mapping(d, "")
+    check_keys(d, TrialConfig, "")
 
     def sub(key: str) -> Mapping[str, Any]:
-        return _mapping(d.get(key), key)
+        return check_mapping(d.get(key), key)
 
     train = _train(sub("train"))
     return TrialConfig(
         name=check_name(d.get("name", "trial"), "name"),
-        seed=_int(d.get("seed", 1), "seed", 0),
-        storage_path=_str(d.get("storage_path", "runs/trials"), "storage_path"),
+        seed=check_int(d.get("seed", 1), "seed", 0),
+        storage_path=check_str(d.get("storage_path", "runs/trials"), "storage_path"),
         data=_data(sub("data")),
         model=_model(sub("model")),
         loss=_loss(sub("loss")),
@@ -463,9 +393,9 @@ def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> 
                 config_from_dict(raw)
             except ValueError as own:
                 if str(own) == str(exc):
-                    raise _Bad(f"{path}: {exc}") from None
+                    raise ValidationError(f"{path}: {exc}") from None
             raise
-        raise _Bad(f"{path}: {exc}") from None
+        raise ValidationError(f"{path}: {exc}") from None
 
 
 def save_config(cfg: TrialConfig, path: str | os.PathLike[str]) -> None:
