@@ -162,7 +162,7 @@ def _nearest(k: int, n: int, dtype: torch.dtype) -> float:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n_bins", [10, 15, 20, 100])
 def test_values_on_every_edge_fall_in_the_lower_bin(dtype, n_bins):
-    from calibtune.metrics._binning import equal_width_edges, equal_width_ids
+    from calibtune.metrics.binning import equal_width_edges, equal_width_ids
 
     edges = equal_width_edges(n_bins, dtype, torch.device("cpu"))
     nearest = [_nearest(k, n_bins, dtype) for k in range(n_bins + 1)]

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from calibtune._registry import Param
-from calibtune.metrics._binning import bin_stats, equal_mass_sizes, equal_mass_sort
-from calibtune.metrics._validation import ArrayLike, check_probs_labels
+from calibtune.metrics.binning import bin_stats, equal_mass_sizes, equal_mass_sort
+from calibtune.metrics.validation import ArrayLike, check_probs_labels
 
 from . import _functional as F
 from ._base import CalibrationLoss
@@ -308,7 +308,9 @@ class AdaFocalLoss(_AdaFocalRule):
     """
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.adafocal_loss(logits, targets, self.gammas, self.edges, self.reduction)
+        return F.adafocal_loss(
+            logits, targets, self.gammas, self.edges, self.reduction, validate_args=False
+        )
 
 
 @register_loss(
@@ -323,7 +325,9 @@ class AdaDualFocalLoss(_AdaFocalRule):
     """
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.adadual_focal_loss(logits, targets, self.gammas, self.edges, self.reduction)
+        return F.adadual_focal_loss(
+            logits, targets, self.gammas, self.edges, self.reduction, validate_args=False
+        )
 
 
 @register_loss(
@@ -345,4 +349,6 @@ class CalFocalLoss(_BinnedGammaLoss):
         return calfocal_gammas(gap, self.hparams["lam"]), torch.zeros_like(gap, dtype=torch.bool)
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.calfocal_loss(logits, targets, self.gammas, self.edges, self.reduction)
+        return F.calfocal_loss(
+            logits, targets, self.gammas, self.edges, self.reduction, validate_args=False
+        )

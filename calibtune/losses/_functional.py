@@ -9,7 +9,11 @@ Conventions shared by every function here:
   so each of its SGD steps is B times the mean-reduction step at the same learning rate: the
   mean-reduction equivalent of a seed learning rate lr is lr × B (see `calibtune.losses._reduce`).
 * Input checks look at shapes and dtypes only (no ``.item()``, no device sync), so they are cheap
-  enough for every training step; hyperparameter ranges are checked with "expected X, got Y".
+  enough for every training step; hyperparameter ranges are checked with "expected X, got Y"
+  against the same `Param` rules the loss registry declares. ``validate_args=False`` (keyword,
+  as in torchmetrics) skips the hyperparameter and ``reduction`` checks for callers that
+  validated them once already — the module adapters, whose hyperparameters the registry checked
+  at construction; the shape/dtype checks of ``logits``/``targets`` always run.
 * No per-sample Python loops; the γ of sample-dependent losses is chosen by ``torch.bucketize``.
 """
 
@@ -17,12 +21,15 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from calibtune._registry import Param
+
 from ._kernel import Schedule, target_prob_loss
-from ._reduce import check_reduction, reduce_loss
+from ._reduce import Reduction, check_reduction, reduce_loss
 
 __all__ = [
     "adadual_focal_loss",
@@ -64,13 +71,22 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
         )
 
 
-def _check_number(value: object, name: str, fn: str, low: float | None = None) -> float:
-    # value == value is False only for NaN
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-    if not ok or (low is not None and value < low):  # type: ignore[operator]
-        rule = "a number" if low is None else f"a number in [{low:g}, inf)"
-        raise ValueError(f"{fn}: {name}: expected {rule}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+# The rules of the functions' hyperparameters; the registry's declarations extend them with a
+# default (`calibtune.losses._modules`), so a loss module and its function check one rule.
+GAMMA = Param("gamma", 0.0, low=0.0, doc="focusing parameter γ ≥ 0")
+LAM = Param("lam", 0.0, low=0.0, doc="weight λ ≥ 0 of the added term")
+ALPHA = Param("alpha", 0.0, low=0.0, doc="label-smoothing α ≥ 0 (at most (K−1)/K)")
+_GAMMAS = Param("gammas", 0.0, low=0.0)
+_THRESHOLDS = Param("thresholds", 0.0)
+
+
+def _check(rule: Param, value: Any, fn: str, validate_args: bool) -> Any:
+    """``value`` checked against ``rule`` (errors ``fn: name: expected X, got Y``), or as given."""
+    return rule.validate(value, owner=fn) if validate_args else value
+
+
+def _reduction(reduction: Any, validate_args: bool) -> Reduction:
+    return check_reduction(reduction) if validate_args else reduction
 
 
 def _as_schedule(
@@ -79,14 +95,19 @@ def _as_schedule(
     fn: str,
     names: tuple[str, str],
     logits: torch.Tensor,
+    validate_args: bool = True,
 ) -> Schedule:
-    """Tensors are used as they are (`Schedule.select` casts them); sequences become tensors."""
+    """Tensors are used as they are (`Schedule.select` casts them); sequences become tensors.
+
+    Shapes are checked unless ``validate_args`` is False (a module's own schedule buffers)."""
     dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     g, e = (
         x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=logits.device)
         for x in (gammas, edges)
     )
-    if g.dim() != 1 or e.dim() != 1 or e.numel() != g.numel() - 1 or g.numel() == 0:
+    if validate_args and (
+        g.dim() != 1 or e.dim() != 1 or e.numel() != g.numel() - 1 or g.numel() == 0
+    ):
         raise ValueError(
             f"{fn}: expected {names[0]} of shape (M,) and {names[1]} of shape (M-1,), got "
             f"{tuple(g.shape)} and {tuple(e.shape)}"
@@ -98,7 +119,11 @@ def _as_schedule(
 
 
 def cross_entropy_loss(
-    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Cross-entropy −log p_y. Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
 
@@ -106,11 +131,16 @@ def cross_entropy_loss(
     weights), so no extra reduction node is added.
     """
     _check_inputs(logits, targets, "cross_entropy_loss")
-    return F.cross_entropy(logits, targets, reduction=check_reduction(reduction))
+    return F.cross_entropy(logits, targets, reduction=_reduction(reduction, validate_args))
 
 
 def focal_loss(
-    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gamma: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Focal loss −(1 − p_y)^γ log p_y, γ ≥ 0 (γ = 0 is cross-entropy).
 
@@ -118,20 +148,25 @@ def focal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "focal_loss")
-    gamma = _check_number(gamma, "gamma", "focal_loss", low=0.0)
-    return target_prob_loss(logits, targets, gamma, reduction=check_reduction(reduction))
+    gamma = _check(GAMMA, gamma, "focal_loss", validate_args)
+    return target_prob_loss(logits, targets, gamma, reduction=_reduction(reduction, validate_args))
 
 
 def inverse_focal_loss(
-    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gamma: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Inverse focal loss −(1 + p_y)^γ log p_y, γ ≥ 0 (Ghosh et al. 2022, Eq. 5 with γ < 0).
 
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "inverse_focal_loss")
-    gamma = _check_number(gamma, "gamma", "inverse_focal_loss", low=0.0)
-    return target_prob_loss(logits, targets, -gamma, reduction=check_reduction(reduction))
+    gamma = _check(GAMMA, gamma, "inverse_focal_loss", validate_args)
+    return target_prob_loss(logits, targets, -gamma, reduction=_reduction(reduction, validate_args))
 
 
 def flsd_loss(
@@ -140,6 +175,8 @@ def flsd_loss(
     gammas: torch.Tensor | Sequence[float],
     thresholds: torch.Tensor | Sequence[float],
     reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Sample-dependent focal loss (FLSD): γ = gammas[b] for p_y ∈ [t_b, t_{b+1}).
 
@@ -151,17 +188,19 @@ def flsd_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "flsd_loss")
-    if not isinstance(gammas, torch.Tensor):
+    if validate_args and not isinstance(gammas, torch.Tensor):
         for g in gammas:
-            _check_number(g, "gammas", "flsd_loss", low=0.0)
-    if not isinstance(thresholds, torch.Tensor):
-        ts = [_check_number(t, "thresholds", "flsd_loss") for t in thresholds]
+            _GAMMAS.validate(g, "flsd_loss")
+    if validate_args and not isinstance(thresholds, torch.Tensor):
+        ts = [_THRESHOLDS.validate(t, "flsd_loss") for t in thresholds]
         if any(not 0.0 < t < 1.0 for t in ts) or any(a >= b for a, b in itertools.pairwise(ts)):
             raise ValueError(
                 f"flsd_loss: thresholds: expected strictly increasing values in (0, 1), got {ts}"
             )
-    sched = _as_schedule(gammas, thresholds, "flsd_loss", ("gammas", "thresholds"), logits)
-    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+    sched = _as_schedule(
+        gammas, thresholds, "flsd_loss", ("gammas", "thresholds"), logits, validate_args
+    )
+    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
 
 
 def adafocal_loss(
@@ -170,6 +209,8 @@ def adafocal_loss(
     gammas: torch.Tensor,
     edges: torch.Tensor,
     reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """AdaFocal loss (Ghosh et al. 2022, Eq. 5) for fixed per-bin γ.
 
@@ -180,8 +221,8 @@ def adafocal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "adafocal_loss")
-    sched = _as_schedule(gammas, edges, "adafocal_loss", ("gammas", "edges"), logits)
-    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+    sched = _as_schedule(gammas, edges, "adafocal_loss", ("gammas", "edges"), logits, validate_args)
+    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
 
 
 def calfocal_loss(
@@ -190,6 +231,8 @@ def calfocal_loss(
     gammas: torch.Tensor,
     edges: torch.Tensor,
     reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """CalFocal loss (Ghosh et al. 2022, Eq. 3): focal with γ_b = exp(λ(C_val,b − A_val,b)).
 
@@ -197,12 +240,17 @@ def calfocal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "calfocal_loss")
-    sched = _as_schedule(gammas, edges, "calfocal_loss", ("gammas", "edges"), logits)
-    return target_prob_loss(logits, targets, sched, reduction=check_reduction(reduction))
+    sched = _as_schedule(gammas, edges, "calfocal_loss", ("gammas", "edges"), logits, validate_args)
+    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
 
 
 def dual_focal_loss(
-    logits: torch.Tensor, targets: torch.Tensor, gamma: float, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gamma: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Dual focal loss −(1 − p_y + p_j)^γ log p_y (Tao et al. 2023, Eq. 3), γ ≥ 0.
 
@@ -211,8 +259,10 @@ def dual_focal_loss(
     Gradients flow through p_j as in the authors' code. Shapes: (B, K), (B,) -> scalar, or (B,).
     """
     _check_inputs(logits, targets, "dual_focal_loss")
-    gamma = _check_number(gamma, "gamma", "dual_focal_loss", low=0.0)
-    return target_prob_loss(logits, targets, gamma, dual=True, reduction=check_reduction(reduction))
+    gamma = _check(GAMMA, gamma, "dual_focal_loss", validate_args)
+    return target_prob_loss(
+        logits, targets, gamma, dual=True, reduction=_reduction(reduction, validate_args)
+    )
 
 
 def adadual_focal_loss(
@@ -221,6 +271,8 @@ def adadual_focal_loss(
     gammas: torch.Tensor,
     edges: torch.Tensor,
     reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """AdaDualFocal (Tao et al. 2023, §5.2): AdaFocal's per-bin γ on the dual focal form.
 
@@ -230,8 +282,12 @@ def adadual_focal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "adadual_focal_loss")
-    sched = _as_schedule(gammas, edges, "adadual_focal_loss", ("gammas", "edges"), logits)
-    return target_prob_loss(logits, targets, sched, dual=True, reduction=check_reduction(reduction))
+    sched = _as_schedule(
+        gammas, edges, "adadual_focal_loss", ("gammas", "edges"), logits, validate_args
+    )
+    return target_prob_loss(
+        logits, targets, sched, dual=True, reduction=_reduction(reduction, validate_args)
+    )
 
 
 def fcl_loss(
@@ -240,6 +296,8 @@ def fcl_loss(
     gamma: float,
     lam: float,
     reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Focal Calibration Loss −(1 − p_y)^γ log p_y + λ‖p − onehot(y)‖²₂, γ ≥ 0, λ ≥ 0.
 
@@ -248,15 +306,19 @@ def fcl_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "fcl_loss")
-    gamma = _check_number(gamma, "gamma", "fcl_loss", low=0.0)
-    lam = _check_number(lam, "lam", "fcl_loss", low=0.0)
+    gamma = _check(GAMMA, gamma, "fcl_loss", validate_args)
+    lam = _check(LAM, lam, "fcl_loss", validate_args)
     return target_prob_loss(
-        logits, targets, gamma, brier_weight=lam, reduction=check_reduction(reduction)
+        logits, targets, gamma, brier_weight=lam, reduction=_reduction(reduction, validate_args)
     )
 
 
 def brier_loss(
-    logits: torch.Tensor, targets: torch.Tensor, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Brier score Σ_k (p_k − 1{k = y})² per sample (Brier 1950; a baseline in Mukhoti et al.).
 
@@ -264,7 +326,7 @@ def brier_loss(
     """
     _check_inputs(logits, targets, "brier_loss")
     return target_prob_loss(
-        logits, targets, None, brier_weight=1.0, reduction=check_reduction(reduction)
+        logits, targets, None, brier_weight=1.0, reduction=_reduction(reduction, validate_args)
     )
 
 
@@ -272,7 +334,12 @@ def brier_loss(
 
 
 def label_smoothing_loss(
-    logits: torch.Tensor, targets: torch.Tensor, alpha: float, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    alpha: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Cross-entropy against s = (1 − α) on y and α/(K − 1) elsewhere (Mukhoti et al. §5).
 
@@ -282,7 +349,7 @@ def label_smoothing_loss(
     """
     _check_inputs(logits, targets, "label_smoothing_loss")
     k = logits.shape[1]
-    alpha = _check_number(alpha, "alpha", "label_smoothing_loss", low=0.0)
+    alpha = _check(ALPHA, alpha, "label_smoothing_loss", validate_args)
     if alpha > (k - 1) / k:
         raise ValueError(
             "label_smoothing_loss: alpha: expected a number in [0, (K-1)/K] = "
@@ -290,7 +357,7 @@ def label_smoothing_loss(
         )
     eps = min(1.0, alpha * k / (k - 1))
     return F.cross_entropy(
-        logits, targets, reduction=check_reduction(reduction), label_smoothing=eps
+        logits, targets, reduction=_reduction(reduction, validate_args), label_smoothing=eps
     )
 
 
@@ -302,6 +369,8 @@ def mmce_weighted(
     targets: torch.Tensor,
     bandwidth: float = 0.4,
     normalization: str = "kumar",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Weighted MMCE of a batch (Kumar et al. 2018, "Trainable Calibration Measures ..."), scalar.
 
@@ -324,7 +393,7 @@ def mmce_weighted(
 
     It is 0 when either group is empty (as in the authors' code). Cost O(B²) memory and time.
     """
-    if normalization not in MMCE_NORMALIZATIONS:
+    if validate_args and normalization not in MMCE_NORMALIZATIONS:
         raise ValueError(
             "mmce_weighted: normalization: expected one of "
             f"{', '.join(repr(x) for x in MMCE_NORMALIZATIONS)}, got {normalization!r}"
@@ -352,6 +421,8 @@ def mmce_loss(
     lam: float,
     reduction: str = "mean",
     normalization: str = "kumar",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
     """Cross-entropy + λ·MMCE_w (Kumar et al. 2018; a baseline in Mukhoti et al. 2020).
 
@@ -362,8 +433,8 @@ def mmce_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "mmce_loss")
-    lam = _check_number(lam, "lam", "mmce_loss", low=0.0)
-    reduction = check_reduction(reduction)
+    lam = _check(LAM, lam, "mmce_loss", validate_args)
+    reduction = _reduction(reduction, validate_args)
     ce = F.cross_entropy(logits, targets, reduction="none")
-    mmce = mmce_weighted(logits, targets, normalization=normalization)
+    mmce = mmce_weighted(logits, targets, normalization=normalization, validate_args=validate_args)
     return reduce_loss(ce + lam * mmce, reduction)

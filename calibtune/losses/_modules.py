@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ __all__ = [
 
 
 def _gamma(default: float, doc: str) -> Param:
-    return Param("gamma", default, kind="float", low=0.0, doc=doc)
+    return replace(F.GAMMA, default=default, doc=doc)
 
 
 @register_loss("cross_entropy", summary="cross-entropy −log p_y")
@@ -35,7 +36,7 @@ class CrossEntropyLoss(CalibrationLoss):
     """Cross-entropy −log p_y (`calibtune.losses.functional.cross_entropy_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy_loss(logits, targets, self.reduction)
+        return F.cross_entropy_loss(logits, targets, self.reduction, validate_args=False)
 
 
 @register_loss(
@@ -47,7 +48,9 @@ class FocalLoss(CalibrationLoss):
     """Focal loss (`calibtune.losses.functional.focal_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.focal_loss(logits, targets, self.hparams["gamma"], self.reduction)
+        return F.focal_loss(
+            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
+        )
 
 
 @register_loss(
@@ -59,7 +62,9 @@ class InverseFocalLoss(CalibrationLoss):
     """Inverse focal loss (`calibtune.losses.functional.inverse_focal_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.inverse_focal_loss(logits, targets, self.hparams["gamma"], self.reduction)
+        return F.inverse_focal_loss(
+            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
+        )
 
 
 @register_loss(
@@ -108,7 +113,14 @@ class FLSDLoss(CalibrationLoss):
         self.register_buffer("thresholds", torch.tensor(thresholds), persistent=False)
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.flsd_loss(logits, targets, self.gamma_values, self.thresholds, self.reduction)
+        return F.flsd_loss(
+            logits,
+            targets,
+            self.gamma_values,
+            self.thresholds,
+            self.reduction,
+            validate_args=False,
+        )
 
 
 @register_loss(
@@ -120,14 +132,16 @@ class DualFocalLoss(CalibrationLoss):
     """Dual focal loss (`calibtune.losses.functional.dual_focal_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.dual_focal_loss(logits, targets, self.hparams["gamma"], self.reduction)
+        return F.dual_focal_loss(
+            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
+        )
 
 
 @register_loss(
     "fcl",
     params=[
         _gamma(4.0, "focusing parameter γ"),
-        Param("lam", 1.5, kind="float", low=0.0, doc="weight λ of ‖p − onehot(y)‖²"),
+        replace(F.LAM, default=1.5, doc="weight λ of ‖p − onehot(y)‖²"),
     ],
     summary="focal calibration loss: focal + λ‖p − onehot(y)‖²",
 )
@@ -136,7 +150,9 @@ class FocalCalibrationLoss(CalibrationLoss):
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         h = self.hparams
-        return F.fcl_loss(logits, targets, h["gamma"], h["lam"], self.reduction)
+        return F.fcl_loss(
+            logits, targets, h["gamma"], h["lam"], self.reduction, validate_args=False
+        )
 
 
 @register_loss("brier", summary="Brier score Σ_k (p_k − y_k)²")
@@ -144,17 +160,15 @@ class BrierLoss(CalibrationLoss):
     """Brier score (`calibtune.losses.functional.brier_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.brier_loss(logits, targets, self.reduction)
+        return F.brier_loss(logits, targets, self.reduction, validate_args=False)
 
 
 @register_loss(
     "label_smoothing",
     params=[
-        Param(
-            "alpha",
-            0.05,
-            kind="float",
-            low=0.0,
+        replace(
+            F.ALPHA,
+            default=0.05,
             high=1.0,
             high_open=True,
             doc="smoothing α: (1−α) on y, α/(K−1) elsewhere; at most (K−1)/K",
@@ -166,17 +180,17 @@ class LabelSmoothingLoss(CalibrationLoss):
     """Label smoothing (`calibtune.losses.functional.label_smoothing_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.label_smoothing_loss(logits, targets, self.hparams["alpha"], self.reduction)
+        return F.label_smoothing_loss(
+            logits, targets, self.hparams["alpha"], self.reduction, validate_args=False
+        )
 
 
 @register_loss(
     "mmce",
     params=[
-        Param(
-            "lam",
-            2.0,
-            kind="float",
-            low=0.0,
+        replace(
+            F.LAM,
+            default=2.0,
             doc="weight λ of MMCE_w (2 in Mukhoti et al., tuned with normalization "
             "'focal_calibration')",
         ),
@@ -198,5 +212,10 @@ class MMCELoss(CalibrationLoss):
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         h = self.hparams
         return F.mmce_loss(
-            logits, targets, h["lam"], self.reduction, normalization=h["normalization"]
+            logits,
+            targets,
+            h["lam"],
+            self.reduction,
+            normalization=h["normalization"],
+            validate_args=False,
         )

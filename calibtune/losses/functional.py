@@ -2,6 +2,17 @@
 
 ``import calibtune.losses.functional as F_cal``; e.g. ``F_cal.focal_loss(logits, targets, 3.0)``.
 Conventions (reduction, numerics, checks) are described in `calibtune.losses._functional`.
+Each loss checks its hyperparameters on every call; a loop that already validated them passes
+``validate_args=False`` (the shape/dtype checks of the inputs still run):
+
+>>> import torch
+>>> z, y = torch.zeros(4, 3), torch.tensor([0, 1, 2, 0])
+>>> round(float(focal_loss(z, y, 2.0, validate_args=False)), 4)
+0.4883
+>>> focal_loss(z, y, -1.0)
+Traceback (most recent call last):
+...
+ValueError: focal_loss: gamma: expected a number in [0, inf), got -1.0
 """
 
 from ._adafocal import (

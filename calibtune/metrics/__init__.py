@@ -1,10 +1,14 @@
 """Calibration and OOD-detection metrics: pure functions over ``probs``/``logits`` and labels.
 
 See `calibtune.metrics._calibration` for the binning conventions (they are part of the contract)
-and `calibtune.metrics._ood` for score orientation (OOD is the positive class).
+and `calibtune.metrics._ood` for score orientation (OOD is the positive class). The binning
+conventions (`calibtune.metrics.binning`) and the input checks (`calibtune.metrics.validation`)
+are public submodules: the losses and post-hoc methods reuse them.
 """
 
+from . import binning as binning
 from . import keys as keys
+from . import validation as validation
 from ._calibration import (
     REPORT_KEYS,
     adaece,

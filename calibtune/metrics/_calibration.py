@@ -4,7 +4,7 @@ Every function takes ``probs`` (N, K) — probabilities, never logits — and ``
 class indices, and returns a Python float as a fraction (not a percentage). Computation is
 vectorised torch on the device of ``probs``; bins are assigned in the input dtype against edges
 that are exactly k/n_bins in that dtype, equal-mass groups break confidence ties by correctness
-(both conventions in `calibtune.metrics._binning`), and bin sums are accumulated in float64.
+(both conventions in `calibtune.metrics.binning`), and bin sums are accumulated in float64.
 
 References:
     Guo et al. 2017, "On Calibration of Modern Neural Networks" (ECE, MCE, reliability diagrams).
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._binning import (
+from .binning import (
     bin_stats,
     binned_gap,
     equal_mass_ids,
@@ -31,7 +31,7 @@ from ._binning import (
     equal_width_edges,
     equal_width_ids,
 )
-from ._validation import (
+from .validation import (
     ArrayLike,
     check_logits_labels,
     check_n_bins,
@@ -67,7 +67,7 @@ class _Prepared:
 
     @property
     def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(confidences, correctness) in the equal-mass order of `_binning`, float64."""
+        """(confidences, correctness) in the equal-mass order of `calibtune.metrics.binning`, float64."""
         if self._sorted is None:
             order = equal_mass_order(self.conf, self.correct)
             self._sorted = (self.conf64[order], self.correct64[order])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._validation import ArrayLike, as_tensor, check_matrix, check_probs
+from .validation import ArrayLike, as_tensor, check_matrix, check_probs
 
 _F64 = torch.float64
 SCORES = ("entropy", "msp", "energy")

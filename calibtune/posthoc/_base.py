@@ -2,7 +2,7 @@
 
 Every method is fitted on the logits of one inference pass over the validation split and maps
 logits (N, K) to probabilities (N, K) on the same device. Inputs are validated once here, with the
-shared checks of `calibtune.metrics._validation`; the numerical work lives in pure functions in
+shared checks of `calibtune.metrics.validation`; the numerical work lives in pure functions in
 the sibling modules.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Self
 import torch
 
 from calibtune._registry import Param
-from calibtune.metrics._validation import ArrayLike, check_logits_labels, check_matrix
+from calibtune.metrics.validation import ArrayLike, check_logits_labels, check_matrix
 
 
 def compute_dtype(x: torch.Tensor) -> torch.dtype:

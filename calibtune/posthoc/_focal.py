@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from calibtune._registry import Param
-from calibtune.metrics._validation import ArrayLike, as_tensor, check_probs
+from calibtune.metrics.validation import ArrayLike, as_tensor, check_probs
 
 from ._base import PosthocCalibrator, validate_params
 from ._grid import binned_criterion_grid, first_minimum

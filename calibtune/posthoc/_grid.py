@@ -8,7 +8,7 @@ below reduce them to (G,) float64 values with exactly the conventions of `calibt
 * ``"adaece"``: sort by (confidence, correctness), ``numpy.array_split`` group sizes (as
   `metrics.adaece`),
 
-both via the shared helpers of `calibtune.metrics._binning`, batched by offsetting the bin ids of
+both via the shared helpers of `calibtune.metrics.binning`, batched by offsetting the bin ids of
 candidate g by ``g * n_bins`` so that one ``index_add`` fills a (G, n_bins) table. Sums are
 accumulated in float64.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from calibtune.metrics._binning import (
+from calibtune.metrics.binning import (
     bin_stats,
     binned_gap,
     equal_mass_ids,

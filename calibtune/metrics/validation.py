@@ -1,4 +1,17 @@
-"""Input checks shared by metrics and post-hoc methods: one place, messages name the rule."""
+"""Input checks shared by metrics, post-hoc methods and the AdaFocal controller.
+
+One place; every message names the argument and the rule (``labels: expected values in [0, 9]
+for 10 classes, got range [0, 10]``). Public so that `calibtune.losses` and `calibtune.posthoc`
+check their arrays exactly as `calibtune.metrics` does.
+
+>>> p, y = check_probs_labels([[0.9, 0.1], [0.2, 0.8]], [0, 1])
+>>> tuple(p.shape), y.dtype
+((2, 2), torch.int64)
+>>> check_n_bins(0)
+Traceback (most recent call last):
+...
+ValueError: n_bins: expected an integer >= 1, got 0
+"""
 
 from __future__ import annotations
 
@@ -6,6 +19,17 @@ from typing import Any
 
 import numpy as np
 import torch
+
+__all__ = [
+    "ArrayLike",
+    "as_tensor",
+    "check_labels",
+    "check_logits_labels",
+    "check_matrix",
+    "check_n_bins",
+    "check_probs",
+    "check_probs_labels",
+]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | nested sequences
 

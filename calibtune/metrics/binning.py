@@ -16,11 +16,30 @@ Two conventions, each implemented once:
   (confidence, correct) pairs — hence every group statistic — independent of the input order,
   even when tied confidences straddle a group boundary; on tie-free data it is the plain stable
   sort by confidence.
+
+Public (a building block, not a metric): the AdaFocal controller (`calibtune.losses`) and the
+post-hoc grid searches (`calibtune.posthoc`) bin exactly as the metrics do by calling these.
+
+>>> equal_width_ids(torch.tensor([0.0, 0.5, 0.55, 1.0]), n_bins=20).tolist()
+[0, 9, 10, 19]
+>>> equal_mass_sizes(10, 3)
+[4, 3, 3]
 """
 
 from __future__ import annotations
 
 import torch
+
+__all__ = [
+    "bin_stats",
+    "binned_gap",
+    "equal_mass_ids",
+    "equal_mass_order",
+    "equal_mass_sizes",
+    "equal_mass_sort",
+    "equal_width_edges",
+    "equal_width_ids",
+]
 
 
 def equal_width_edges(n_bins: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
