@@ -67,7 +67,7 @@ class _Prepared:
 
     @property
     def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(confidences, correctness) in the equal-mass order of `calibtune.metrics.binning`, float64."""
+        """(confidences, correctness) in the equal-mass order (`metrics.binning`), float64."""
         if self._sorted is None:
             order = equal_mass_order(self.conf, self.correct)
             self._sorted = (self.conf64[order], self.correct64[order])

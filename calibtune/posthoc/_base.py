@@ -4,17 +4,23 @@ Every method is fitted on the logits of one inference pass over the validation s
 logits (N, K) to probabilities (N, K) on the same device. Inputs are validated once here, with the
 shared checks of `calibtune.metrics.validation`; the numerical work lives in pure functions in
 the sibling modules.
+
+Hyperparameters are declared once per class, as `Param` rules in ``PARAMS`` whose defaults are
+read from ``__init__``'s signature (`calibtune._registry.defaults_from_signature`). A direct
+constructor call checks its arguments against them; the registry (`calibtune.posthoc.POSTHOC`)
+checks the given values in `Entry.resolve` and builds through `PosthocCalibrator.from_params`,
+which does not check them again.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any, Self
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, Self
 
 import torch
 
-from calibtune._registry import Param
+from calibtune._registry import Param, defaults_from_signature
 from calibtune.metrics.validation import ArrayLike, check_logits_labels, check_matrix
 
 
@@ -47,9 +53,39 @@ class PosthocCalibrator(ABC):
     # The registry name; a class attribute, overridden per instance only where one class
     # serves two registry entries (TemperatureScaling with criterion="nll" is "ts_nll").
     name: str = ""
+    #: the constructor's hyperparameters; each default is taken from ``__init__``'s signature
+    PARAMS: ClassVar[tuple[Param, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.PARAMS = defaults_from_signature(cls.__init__, cls.PARAMS)
 
     def __init__(self) -> None:
         self._fitted = False
+
+    def _checked(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """The constructor's arguments (its ``locals()``) checked against `PARAMS`."""
+        names = {p.name for p in self.PARAMS}
+        values = {k: v for k, v in args.items() if k in names}
+        return validate_params(type(self).__name__, self.PARAMS, values)
+
+    @classmethod
+    def from_params(cls, **params: Any) -> Self:
+        """An unfitted instance from values already checked against `PARAMS` (missing ones take
+        their defaults); what the registry builds with, after `Entry.resolve` checked them.
+
+        >>> from calibtune.posthoc import TemperatureScaling
+        >>> TemperatureScaling.from_params(n_bins=10).n_bins
+        10
+        """
+        obj = cls.__new__(cls)
+        PosthocCalibrator.__init__(obj)
+        obj._configure({**{p.name: p.default for p in cls.PARAMS}, **params})
+        return obj
+
+    @abstractmethod
+    def _configure(self, cfg: dict[str, Any]) -> None:
+        """Set the hyperparameter attributes from checked values (cross-parameter rules here)."""
 
     @property
     def is_fitted(self) -> bool:

@@ -18,6 +18,7 @@ form (w'Aw − 2b'w + c)/(NK) instead of re-mixing N×K arrays, and everything r
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -25,18 +26,8 @@ from scipy.optimize import minimize, minimize_scalar
 
 from calibtune._registry import Param
 
-from ._base import PosthocCalibrator, validate_params
+from ._base import PosthocCalibrator
 from ._temperature import ts_probs
-
-ETS_PARAMS: tuple[Param, ...] = (
-    Param(
-        "loss",
-        "mse",
-        kind="categorical",
-        choices=("mse", "nll"),
-        doc="loss for T and the weights: mse (the authors' default) or nll",
-    ),
-)
 
 # Bounds on T of the reference implementation.
 T_BOUNDS = (0.05, 5.0)
@@ -100,10 +91,20 @@ class EnsembleTemperatureScaling(PosthocCalibrator):
     """
 
     name = "ets"
+    PARAMS = (
+        Param(
+            "loss",
+            kind="categorical",
+            choices=("mse", "nll"),
+            doc="loss for T and the weights: mse (the authors' default) or nll",
+        ),
+    )
 
     def __init__(self, loss: str = "mse") -> None:
         super().__init__()
-        cfg = validate_params(type(self).__name__, ETS_PARAMS, {"loss": loss})
+        self._configure(self._checked(locals()))
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
         self.loss: str = cfg["loss"]
         self.T: float = math.nan
         self.w_ts: float = math.nan

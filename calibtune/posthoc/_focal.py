@@ -44,7 +44,7 @@ import torch
 from calibtune._registry import Param
 from calibtune.metrics.validation import ArrayLike, as_tensor, check_probs
 
-from ._base import PosthocCalibrator, validate_params
+from ._base import PosthocCalibrator
 from ._grid import binned_criterion_grid, first_minimum
 from ._temperature import (
     DEFAULT_FOCAL_TEMPERATURES,
@@ -59,36 +59,6 @@ DEFAULT_GAMMAS: tuple[float, ...] = (-0.5, -0.25, 0.05, 0.25, 0.37, 0.5, 0.75, 1
 # Elements per (γ-chunk, T-chunk, row-chunk, K) intermediate: 2**18 float32 = 1 MiB, which
 # stays in cache (measured ~1.4x less CPU time than 4 MiB blocks on 5k x 100).
 CHUNK_ELEMS = 2**18
-
-FOCAL_TS_PARAMS: tuple[Param, ...] = (
-    Param(
-        "criterion",
-        "adaece",
-        kind="categorical",
-        choices=("ece", "adaece", "nll"),
-        doc="validation criterion: adaece (equal-mass ECE, the seed's), ece (equal-width) or nll",
-    ),
-    Param(
-        "gammas",
-        None,
-        kind="float_list",
-        low=-1.0,
-        low_open=True,
-        searchable=False,
-        doc="grid of γ_ev (> −1); None = the seed's "
-        "{−0.5, −0.25, 0.05, 0.25, 0.37, 0.5, 0.75, 1, 5}",
-    ),
-    Param(
-        "temperatures",
-        None,
-        kind="float_list",
-        low=0.0,
-        low_open=True,
-        searchable=False,
-        doc="grid of T; None = the seed's {0.01, 0.02, …, 5.00}",
-    ),
-    Param("n_bins", 15, kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
-)
 
 
 @dataclass(frozen=True)
@@ -391,6 +361,33 @@ class FocalTemperatureScaling(PosthocCalibrator):
     """
 
     name = "focal_ts"
+    PARAMS = (
+        Param(
+            "criterion",
+            kind="categorical",
+            choices=("ece", "adaece", "nll"),
+            doc="validation criterion: adaece (equal-mass ECE, the seed's), ece (equal-width) or "
+            "nll",
+        ),
+        Param(
+            "gammas",
+            kind="float_list",
+            low=-1.0,
+            low_open=True,
+            searchable=False,
+            doc="grid of γ_ev (> −1); None = the seed's "
+            "{−0.5, −0.25, 0.05, 0.25, 0.37, 0.5, 0.75, 1, 5}",
+        ),
+        Param(
+            "temperatures",
+            kind="float_list",
+            low=0.0,
+            low_open=True,
+            searchable=False,
+            doc="grid of T; None = the seed's {0.01, 0.02, …, 5.00}",
+        ),
+        Param("n_bins", kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
+    )
 
     def __init__(
         self,
@@ -400,11 +397,9 @@ class FocalTemperatureScaling(PosthocCalibrator):
         n_bins: int = 15,
     ) -> None:
         super().__init__()
-        cfg = validate_params(
-            type(self).__name__,
-            FOCAL_TS_PARAMS,
-            dict(criterion=criterion, gammas=gammas, temperatures=temperatures, n_bins=n_bins),
-        )
+        self._configure(self._checked(locals()))
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
         self.criterion: str = cfg["criterion"]
         self.n_bins: int = cfg["n_bins"]
         self.gammas = temperature_grid(cfg["gammas"], DEFAULT_GAMMAS)

@@ -4,52 +4,58 @@ from __future__ import annotations
 
 from typing import Any
 
-from calibtune._registry import Registry
+from calibtune._registry import Param, Registry
 
 from ._base import PosthocCalibrator
-from ._ets import ETS_PARAMS, EnsembleTemperatureScaling
-from ._focal import FOCAL_TS_PARAMS, FocalTemperatureScaling
-from ._spline import SPLINE_PARAMS, SplineCalibration
-from ._temperature import TS_PARAMS, TemperatureScaling
+from ._ets import EnsembleTemperatureScaling
+from ._focal import FocalTemperatureScaling
+from ._spline import SplineCalibration
+from ._temperature import TemperatureScaling
 
 POSTHOC: Registry[PosthocCalibrator] = Registry("post-hoc calibration method")
 
+
+def _only(cls: type[PosthocCalibrator], *names: str) -> tuple[Param, ...]:
+    """The declared `Param`s of ``cls`` named ``names`` (an entry that fixes the others)."""
+    return tuple(p for p in cls.PARAMS if p.name in names)
+
+
 POSTHOC.add(
     "ts",
-    TemperatureScaling,
-    params=TS_PARAMS,
+    TemperatureScaling.from_params,
+    params=TemperatureScaling.PARAMS,
     summary="temperature scaling; T from {0.1, …, 10} minimising validation ECE (15 bins)",
 )
 POSTHOC.add(
     "ts_nll",
-    lambda **kw: TemperatureScaling(criterion="nll", **kw),
-    params=tuple(p for p in TS_PARAMS if p.name in ("t_grid", "temperatures", "t_min", "t_max")),
+    lambda **kw: TemperatureScaling.from_params(criterion="nll", **kw),
+    params=_only(TemperatureScaling, "t_grid", "temperatures", "t_min", "t_max"),
     summary="temperature scaling; T minimising validation NLL over log T (or over a grid)",
 )
 POSTHOC.add(
     "focal_ts",
-    FocalTemperatureScaling,
-    params=FOCAL_TS_PARAMS,
+    FocalTemperatureScaling.from_params,
+    params=FocalTemperatureScaling.PARAMS,
     summary="focal temperature scaling (Komisarenko & Kull 2024); (γ_ev, T) on validation "
     "equal-mass ECE",
 )
 POSTHOC.add(
     "focal_ts_nll",
-    lambda **kw: FocalTemperatureScaling(criterion="nll", **kw),
-    params=tuple(p for p in FOCAL_TS_PARAMS if p.name in ("gammas", "temperatures")),
+    lambda **kw: FocalTemperatureScaling.from_params(criterion="nll", **kw),
+    params=_only(FocalTemperatureScaling, "gammas", "temperatures"),
     summary="focal temperature scaling with (γ_ev, T) on validation NLL (Komisarenko & Kull "
     "2024's log-loss criterion)",
 )
 POSTHOC.add(
     "ets",
-    EnsembleTemperatureScaling,
-    params=ETS_PARAMS,
+    EnsembleTemperatureScaling.from_params,
+    params=EnsembleTemperatureScaling.PARAMS,
     summary="ensemble temperature scaling (Zhang et al. 2020, Mix-n-Match)",
 )
 POSTHOC.add(
     "spline",
-    SplineCalibration,
-    params=SPLINE_PARAMS,
+    SplineCalibration.from_params,
+    params=SplineCalibration.PARAMS,
     summary="top-label natural cubic spline recalibration (Gupta et al. 2021)",
 )
 

@@ -30,26 +30,15 @@ a few ulps above 1/K. When c = 1 (all other classes exactly 0) the rest is sprea
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 
 from calibtune._registry import Param
 
-from ._base import PosthocCalibrator, validate_params
+from ._base import PosthocCalibrator
 from ._temperature import ts_probs
-
-SPLINE_PARAMS: tuple[Param, ...] = (
-    Param(
-        "n_knots",
-        6,
-        kind="int",
-        low=3,
-        high=100,
-        searchable=False,
-        doc="equally spaced knots of the natural cubic spline (the authors use 6)",
-    ),
-)
 
 
 def _natural_second_derivatives(n_knots: int, h: float) -> np.ndarray:
@@ -181,10 +170,22 @@ class SplineCalibration(PosthocCalibrator):
     """
 
     name = "spline"
+    PARAMS = (
+        Param(
+            "n_knots",
+            kind="int",
+            low=3,
+            high=100,
+            searchable=False,
+            doc="equally spaced knots of the natural cubic spline (the authors use 6)",
+        ),
+    )
 
     def __init__(self, n_knots: int = 6) -> None:
         super().__init__()
-        cfg = validate_params(type(self).__name__, SPLINE_PARAMS, {"n_knots": n_knots})
+        self._configure(self._checked(locals()))
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
         self.n_knots: int = cfg["n_knots"]
         self.knots = np.full(self.n_knots, math.nan)
         self.xs = np.empty(0)

@@ -21,7 +21,7 @@ from scipy.optimize import minimize_scalar
 
 from calibtune._registry import Param
 
-from ._base import PosthocCalibrator, validate_params
+from ._base import PosthocCalibrator
 from ._grid import binned_criterion_grid, first_minimum
 
 # T = k/10, k = 1..100, each the double nearest to k/10 (not accumulated by repeated += 0.1).
@@ -37,38 +37,6 @@ TEMPERATURE_GRIDS: dict[str, tuple[float, ...]] = {
 # Elements of the (chunk, N, K) intermediate per grid chunk: 2**20 float32 = 4 MiB, small
 # enough to stay in cache (measured ~3x faster than 32 MiB chunks on 5k x 100).
 CHUNK_ELEMS = 2**20
-
-TS_PARAMS: tuple[Param, ...] = (
-    Param(
-        "criterion",
-        "ece",
-        kind="categorical",
-        choices=("ece", "adaece", "nll"),
-        doc="validation criterion: ece (equal-width, grid), adaece (equal-mass, grid), "
-        "nll (continuous over log T)",
-    ),
-    Param("n_bins", 15, kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
-    Param(
-        "t_grid",
-        None,
-        kind="categorical",
-        choices=tuple(TEMPERATURE_GRIDS),
-        searchable=False,
-        doc="named grid of T: ts = {0.1, …, 10.0} (Mukhoti, Ghosh), focal_ts = {0.01, …, 5.00} "
-        "(Komisarenko & Kull); None = ts for ece/adaece, continuous for nll",
-    ),
-    Param(
-        "temperatures",
-        None,
-        kind="float_list",
-        low=0.0,
-        low_open=True,
-        searchable=False,
-        doc="explicit grid of T (instead of t_grid); with nll it makes the search a grid search",
-    ),
-    Param("t_min", 0.01, low=0.0, low_open=True, searchable=False, doc="lower bound of T (nll)"),
-    Param("t_max", 100.0, low=0.0, low_open=True, searchable=False, doc="upper bound of T (nll)"),
-)
 
 
 def _shifted(z: torch.Tensor) -> torch.Tensor:
@@ -193,6 +161,35 @@ class TemperatureScaling(PosthocCalibrator):
     """
 
     name = "ts"
+    PARAMS = (
+        Param(
+            "criterion",
+            kind="categorical",
+            choices=("ece", "adaece", "nll"),
+            doc="validation criterion: ece (equal-width, grid), adaece (equal-mass, grid), "
+            "nll (continuous over log T)",
+        ),
+        Param("n_bins", kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
+        Param(
+            "t_grid",
+            kind="categorical",
+            choices=tuple(TEMPERATURE_GRIDS),
+            searchable=False,
+            doc="named grid of T: ts = {0.1, …, 10.0} (Mukhoti, Ghosh), focal_ts = {0.01, …, 5.00} "
+            "(Komisarenko & Kull); None = ts for ece/adaece, continuous for nll",
+        ),
+        Param(
+            "temperatures",
+            kind="float_list",
+            low=0.0,
+            low_open=True,
+            searchable=False,
+            doc="explicit grid of T (instead of t_grid); with nll it makes the search a grid "
+            "search",
+        ),
+        Param("t_min", low=0.0, low_open=True, searchable=False, doc="lower bound of T (nll)"),
+        Param("t_max", low=0.0, low_open=True, searchable=False, doc="upper bound of T (nll)"),
+    )
 
     def __init__(
         self,
@@ -204,18 +201,9 @@ class TemperatureScaling(PosthocCalibrator):
         t_max: float = 100.0,
     ) -> None:
         super().__init__()
-        cfg = validate_params(
-            type(self).__name__,
-            TS_PARAMS,
-            dict(
-                criterion=criterion,
-                n_bins=n_bins,
-                t_grid=t_grid,
-                temperatures=temperatures,
-                t_min=t_min,
-                t_max=t_max,
-            ),
-        )
+        self._configure(self._checked(locals()))
+
+    def _configure(self, cfg: dict[str, Any]) -> None:
         owner = type(self).__name__
         if cfg["t_min"] >= cfg["t_max"]:
             raise ValueError(
