@@ -31,12 +31,7 @@ from .binning import (
     equal_width_edges,
     equal_width_ids,
 )
-from .validation import (
-    ArrayLike,
-    check_logits_labels,
-    check_n_bins,
-    check_probs_labels,
-)
+from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
 _F64 = torch.float64
 
@@ -93,19 +88,28 @@ def _mce(prep: _Prepared, n_bins: int) -> float:
     return float(gaps.max())
 
 
-def ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+def ece(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, *, validate_args: bool = True
+) -> float:
     """Expected calibration error, top-label, equal-width bins.
 
     ECE = Σ_b |B_b|/N · |acc_b − conf_b| with bins (lo, hi] on [0, 1]; a confidence of 0 falls in
     the first bin. Shapes: probs (N, K), labels (N,). Guo et al. 2017; Mukhoti et al. 2020.
+
+    >>> round(ece([[0.9, 0.1], [0.2, 0.8]], [0, 0]), 4)
+    0.45
+    >>> round(ece(torch.tensor([[0.9, 0.1]]), torch.tensor([0]), validate_args=False), 4)
+    0.1
     """
-    p, y = check_probs_labels(probs, labels, n_bins)
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     return _ece(_Prepared(p, y), n_bins)
 
 
-def mce(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+def mce(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, *, validate_args: bool = True
+) -> float:
     """Maximum calibration error: max over non-empty equal-width bins of |acc_b − conf_b|."""
-    p, y = check_probs_labels(probs, labels, n_bins)
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     return _mce(_Prepared(p, y), n_bins)
 
 
@@ -118,7 +122,9 @@ def _adaece(prep: _Prepared, n_bins: int) -> float:
     return float(binned_gap(*bin_stats(ids, conf, correct, n_bins)))
 
 
-def adaece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+def adaece(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, *, validate_args: bool = True
+) -> float:
     """Adaptive (equal-mass) ECE.
 
     Samples are sorted by confidence ascending — tied confidences with the incorrect samples first,
@@ -129,7 +135,7 @@ def adaece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
     AdaECE = Σ_g |G_g|/N · |acc_g − conf_g|. Mukhoti et al. 2020, "Calibrating Deep Neural
     Networks using Focal Loss" (ECE_EM in Ghosh et al. 2022).
     """
-    p, y = check_probs_labels(probs, labels, n_bins)
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     return _adaece(_Prepared(p, y), n_bins)
 
 
@@ -151,14 +157,16 @@ def _classwise_ece(prep: _Prepared, n_bins: int) -> float:
     return float((acc_sum - conf_sum).abs().sum() / (n * k))
 
 
-def classwise_ece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+def classwise_ece(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, *, validate_args: bool = True
+) -> float:
     """Classwise ECE: mean over the K classes of the equal-width ECE of p[:, k] against 1{y = k}.
 
     cwECE = 1/K Σ_k Σ_b |B_kb|/N · |mean_{B_kb} 1{y=k} − mean_{B_kb} p_k|, bins (lo, hi] on p[:, k].
     K is ``probs.shape[1]`` (never inferred from the labels). Kull et al. 2019; reported ×100 in
     Mukhoti et al. 2020 and Ghosh et al. 2022.
     """
-    p, y = check_probs_labels(probs, labels, n_bins)
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     return _classwise_ece(_Prepared(p, y), n_bins)
 
 
@@ -178,21 +186,21 @@ def _brier(prep: _Prepared) -> float:
     return float(sq.mean())
 
 
-def nll(probs: ArrayLike, labels: ArrayLike) -> float:
+def nll(probs: ArrayLike, labels: ArrayLike, *, validate_args: bool = True) -> float:
     """Mean negative log-likelihood −1/N Σ log p_{n, y_n} (p_y clamped at the dtype's tiny)."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = probs_labels(probs, labels, validate_args=validate_args)
     return _nll_from_probs(_Prepared(p, y))
 
 
-def brier(probs: ArrayLike, labels: ArrayLike) -> float:
+def brier(probs: ArrayLike, labels: ArrayLike, *, validate_args: bool = True) -> float:
     """Multiclass Brier score 1/N Σ_n Σ_k (p_nk − 1{y_n = k})² (range [0, 2])."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = probs_labels(probs, labels, validate_args=validate_args)
     return _brier(_Prepared(p, y))
 
 
-def error(probs: ArrayLike, labels: ArrayLike) -> float:
+def error(probs: ArrayLike, labels: ArrayLike, *, validate_args: bool = True) -> float:
     """Top-1 error: fraction of samples with argmax_k p_k ≠ y (first maximum on ties)."""
-    p, y = check_probs_labels(probs, labels)
+    p, y = probs_labels(probs, labels, validate_args=validate_args)
     return float(1.0 - _Prepared(p, y).correct64.mean())
 
 
@@ -218,7 +226,9 @@ def _ece_debiased(prep: _Prepared, n_bins: int) -> float:
     return float((count / n * per_bin).sum().clamp_min(0).sqrt())
 
 
-def ece_debiased(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
+def ece_debiased(
+    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, *, validate_args: bool = True
+) -> float:
     """Debiased L2 top-label calibration error of Kumar, Liang & Ma 2019 (ECE_DEBIAS).
 
     With equal-mass bins B_b (boundaries midway between the ``array_split`` groups of the sorted
@@ -228,7 +238,7 @@ def ece_debiased(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float
     ``calibration.lower_bound_scaling_ce(probs, labels, p=2, debias=True, num_bins=n_bins,
     binning_scheme=get_equal_bins, mode="top-label")``. Cited in Ghosh et al. 2022, App. F.
     """
-    p, y = check_probs_labels(probs, labels, n_bins)
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     return _ece_debiased(_Prepared(p, y), n_bins)
 
 
@@ -281,7 +291,9 @@ def _ece_sweep(prep: _Prepared, p: float = 1.0) -> float:
     return float(best)
 
 
-def ece_sweep(probs: ArrayLike, labels: ArrayLike, p: float = 1.0) -> float:
+def ece_sweep(
+    probs: ArrayLike, labels: ArrayLike, p: float = 1.0, *, validate_args: bool = True
+) -> float:
     """Monotonic-sweep ECE with equal-mass bins (Roelofs et al. 2022; ECE_SWEEP in Ghosh et al.).
 
     The number of bins b* is the largest b (sweeping b = 1, 2, … and stopping at the first b whose
@@ -290,8 +302,8 @@ def ece_sweep(probs: ArrayLike, labels: ArrayLike, p: float = 1.0) -> float:
     (``array_split`` sizes; tied confidences incorrect first). ``p=1`` (default) is comparable with
     ECE; Roelofs et al. also use ``p=2``.
     """
-    pr, y = check_probs_labels(probs, labels)
-    if not (isinstance(p, (int, float)) and p >= 1):
+    pr, y = probs_labels(probs, labels, validate_args=validate_args)
+    if validate_args and not (isinstance(p, (int, float)) and p >= 1):
         raise ValueError(f"p: expected a number >= 1, got {p!r}")
     return _ece_sweep(_Prepared(pr, y), float(p))
 
@@ -304,14 +316,14 @@ def _smece(prep: _Prepared) -> float:
     return float(relplot.smECE(f, y))
 
 
-def smece(probs: ArrayLike, labels: ArrayLike) -> float:
+def smece(probs: ArrayLike, labels: ArrayLike, *, validate_args: bool = True) -> float:
     """Smooth ECE (smECE) of the top-label confidence, computed by the authors' `relplot` package.
 
     smECE(f, y) = Σ over a kernel-smoothed residual r̂_σ(t) = E[y − f | f ≈ t] weighted by the
     smoothed density, with σ the fixed point σ = smECE_σ (Błasiok & Nakkiran 2023; used as smCE in
     the Focal Calibration Loss paper). Here f = max_k p_k and y = 1{argmax = label}.
     """
-    p, y = check_probs_labels(probs, labels)
+    p, y = probs_labels(probs, labels, validate_args=validate_args)
     return _smece(_Prepared(p, y))
 
 
@@ -319,7 +331,12 @@ def smece(probs: ArrayLike, labels: ArrayLike) -> float:
 
 
 def reliability_table(
-    probs: ArrayLike, labels: ArrayLike, n_bins: int = 15, binning: str = "width"
+    probs: ArrayLike,
+    labels: ArrayLike,
+    n_bins: int = 15,
+    binning: str = "width",
+    *,
+    validate_args: bool = True,
 ) -> dict[str, np.ndarray]:
     """Per-bin data behind reliability diagrams and AdaFocal's validation bins.
 
@@ -330,8 +347,8 @@ def reliability_table(
     group b spans [smallest confidence in b, smallest confidence in b+1), the first starting at 0
     and the last ending at 1 (the edges AdaFocal bins training samples with).
     """
-    p, y = check_probs_labels(probs, labels, n_bins)
-    if binning not in ("width", "mass"):
+    p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
+    if validate_args and binning not in ("width", "mass"):
         raise ValueError(f"binning: expected 'width' or 'mass', got {binning!r}")
     prep = _Prepared(p, y)
     if binning == "width":
@@ -382,6 +399,8 @@ def calibration_report(
     probs: ArrayLike | None = None,
     labels: ArrayLike | None = None,
     n_bins: int = 15,
+    *,
+    validate_args: bool = True,
 ) -> dict[str, float]:
     """All calibration metrics in one pass (keys: `REPORT_KEYS`), sharing sorting and binning.
 
@@ -395,14 +414,15 @@ def calibration_report(
         )
     if labels is None:
         raise ValueError("calibration_report: expected labels=, got None")
-    check_n_bins(n_bins)
+    if validate_args:
+        check_n_bins(n_bins)
     log_p: torch.Tensor | None = None
     if logits is not None:
-        z, y = check_logits_labels(logits, labels)
+        z, y = logits_labels(logits, labels, validate_args=validate_args)
         log_p = torch.log_softmax(z.to(_F64), dim=1)
         p = log_p.exp()
     else:
-        p, y = check_probs_labels(probs, labels)
+        p, y = probs_labels(probs, labels, validate_args=validate_args)
     prep = _Prepared(p, y)
     out: dict[str, Any] = {
         "ece": _ece(prep, n_bins),

@@ -10,6 +10,8 @@ higher means "more out-of-distribution":
 
 The metrics are vectorised rank statistics that equal scikit-learn's ``roc_auc_score``,
 ``average_precision_score`` and ``roc_curve`` (with ``drop_intermediate=False``) on the same scores.
+Every function checks its inputs unless ``validate_args=False`` (for arrays already checked, e.g.
+the same calibrated probabilities scored by several measures).
 """
 
 from __future__ import annotations
@@ -17,47 +19,59 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .validation import ArrayLike, as_tensor, check_matrix, check_probs
+from .validation import ArrayLike, as_tensor, scores_matrix
 
 _F64 = torch.float64
 SCORES = ("entropy", "msp", "energy")
 
 
-def entropy(probs: ArrayLike) -> torch.Tensor:
+def entropy(probs: ArrayLike, *, validate_args: bool = True) -> torch.Tensor:
     """Softmax entropy H(p) = −Σ_k p_k log p_k per row (N,), with 0·log 0 = 0; higher = more OOD."""
-    p = check_probs(probs)
+    p = scores_matrix(probs, "probs", validate_args=validate_args)
     return -torch.special.xlogy(p, p).sum(1)
 
 
-def msp(probs: ArrayLike) -> torch.Tensor:
+def msp(probs: ArrayLike, *, validate_args: bool = True) -> torch.Tensor:
     """Maximum softmax probability max_k p_k per row (N,); *lower* = more OOD."""
-    return check_probs(probs).max(1).values
+    return scores_matrix(probs, "probs", validate_args=validate_args).max(1).values
 
 
-def energy(logits: ArrayLike) -> torch.Tensor:
+def energy(logits: ArrayLike, *, validate_args: bool = True) -> torch.Tensor:
     """Energy score E(z) = −logsumexp_k z_k per row (N,) at temperature 1; higher = more OOD."""
-    return -torch.logsumexp(check_matrix(logits, "logits"), dim=1)
+    return -torch.logsumexp(scores_matrix(logits, "logits", validate_args=validate_args), dim=1)
 
 
 def ood_score(
-    probs: ArrayLike | None = None, logits: ArrayLike | None = None, score: str = "entropy"
+    probs: ArrayLike | None = None,
+    logits: ArrayLike | None = None,
+    score: str = "entropy",
+    *,
+    validate_args: bool = True,
 ) -> torch.Tensor:
-    """OOD score (N,) oriented so that higher = more OOD; ``energy`` needs ``logits``."""
-    if score not in SCORES:
+    """OOD score (N,) oriented so that higher = more OOD; ``energy`` needs ``logits``.
+
+    >>> ood_score([[0.5, 0.5], [1.0, 0.0]], score="msp").tolist()
+    [-0.5, -1.0]
+    """
+    v = validate_args
+    if v and score not in SCORES:
         raise ValueError(f"score: expected one of {', '.join(SCORES)}, got {score!r}")
     if score == "energy":
         if logits is None:
             raise ValueError("score 'energy': expected logits=, got probs only")
-        return energy(logits)
+        return energy(logits, validate_args=v)
     if probs is None:
         if logits is None:
             raise ValueError(f"score {score!r}: expected probs= or logits=, got neither")
-        probs = torch.softmax(check_matrix(logits, "logits").to(_F64), dim=1)
-    return entropy(probs) if score == "entropy" else -msp(probs)
+        probs = torch.softmax(scores_matrix(logits, "logits", validate_args=v).to(_F64), dim=1)
+        v = False  # a softmax of checked logits
+    return entropy(probs, validate_args=v) if score == "entropy" else -msp(probs, validate_args=v)
 
 
-def _scores_1d(x: ArrayLike, name: str) -> torch.Tensor:
+def _scores_1d(x: ArrayLike, name: str, validate_args: bool = True) -> torch.Tensor:
     t = as_tensor(x, name)
+    if not validate_args:
+        return t.to(_F64)
     if t.ndim != 1 or t.numel() == 0:
         raise ValueError(
             f"{name}: expected a non-empty 1-D array of scores, got shape {tuple(t.shape)}"
@@ -92,16 +106,20 @@ def _prep_scores(
     score: str,
     in_logits: ArrayLike | None,
     out_logits: ArrayLike | None,
+    validate_args: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return (
-        ood_score(in_probs, in_logits, score),
-        ood_score(out_probs, out_logits, score),
+        ood_score(in_probs, in_logits, score, validate_args=validate_args),
+        ood_score(out_probs, out_logits, score, validate_args=validate_args),
     )
 
 
-def roc_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> tuple[np.ndarray, ...]:
+def roc_from_scores(
+    in_scores: ArrayLike, out_scores: ArrayLike, *, validate_args: bool = True
+) -> tuple[np.ndarray, ...]:
     """ROC points (fpr, tpr, thresholds) with OOD (``out_scores``) positive; starts at (0, 0)."""
-    i, o = _scores_1d(in_scores, "in_scores"), _scores_1d(out_scores, "out_scores")
+    i = _scores_1d(in_scores, "in_scores", validate_args)
+    o = _scores_1d(out_scores, "out_scores", validate_args)
     fps, tps, thr = _curve(i, o)
     z = torch.zeros(1, dtype=_F64, device=fps.device)
     fpr = torch.cat([z, fps]) / i.numel()
@@ -110,15 +128,20 @@ def roc_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> tuple[np.nda
     return fpr.cpu().numpy(), tpr.cpu().numpy(), thr.cpu().numpy()
 
 
-def auroc_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> float:
+def auroc_from_scores(
+    in_scores: ArrayLike, out_scores: ArrayLike, *, validate_args: bool = True
+) -> float:
     """Area under the ROC curve (trapezoidal, ties handled as sklearn does)."""
-    fpr, tpr, _ = roc_from_scores(in_scores, out_scores)
+    fpr, tpr, _ = roc_from_scores(in_scores, out_scores, validate_args=validate_args)
     return float(np.trapezoid(tpr, fpr))
 
 
-def aupr_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> float:
+def aupr_from_scores(
+    in_scores: ArrayLike, out_scores: ArrayLike, *, validate_args: bool = True
+) -> float:
     """Average precision AP = Σ_n (R_n − R_{n−1}) P_n over descending thresholds (OOD positive)."""
-    i, o = _scores_1d(in_scores, "in_scores"), _scores_1d(out_scores, "out_scores")
+    i = _scores_1d(in_scores, "in_scores", validate_args)
+    o = _scores_1d(out_scores, "out_scores", validate_args)
     fps, tps, _ = _curve(i, o)
     precision = tps / (tps + fps)
     recall = tps / o.numel()
@@ -126,9 +149,11 @@ def aupr_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> float:
     return float((d_recall * precision).sum())
 
 
-def fpr95_from_scores(in_scores: ArrayLike, out_scores: ArrayLike) -> float:
+def fpr95_from_scores(
+    in_scores: ArrayLike, out_scores: ArrayLike, *, validate_args: bool = True
+) -> float:
     """FPR at the first ROC point (descending threshold) whose TPR reaches 0.95."""
-    fpr, tpr, _ = roc_from_scores(in_scores, out_scores)
+    fpr, tpr, _ = roc_from_scores(in_scores, out_scores, validate_args=validate_args)
     return float(fpr[np.searchsorted(tpr, 0.95, side="left")])
 
 
@@ -139,12 +164,14 @@ def ood_auroc(
     *,
     in_logits: ArrayLike | None = None,
     out_logits: ArrayLike | None = None,
+    validate_args: bool = True,
 ) -> float:
     """AUROC of separating OOD (positive) from in-distribution samples by ``score``.
 
     Equals ``sklearn.metrics.roc_auc_score(1{OOD}, scores)``. Shapes: (N_in, K), (N_out, K).
     """
-    return auroc_from_scores(*_prep_scores(in_probs, out_probs, score, in_logits, out_logits))
+    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
+    return auroc_from_scores(*scores, validate_args=validate_args)
 
 
 def ood_aupr(
@@ -154,9 +181,11 @@ def ood_aupr(
     *,
     in_logits: ArrayLike | None = None,
     out_logits: ArrayLike | None = None,
+    validate_args: bool = True,
 ) -> float:
     """Average precision with OOD positive (AUPR-Out); equals ``average_precision_score``."""
-    return aupr_from_scores(*_prep_scores(in_probs, out_probs, score, in_logits, out_logits))
+    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
+    return aupr_from_scores(*scores, validate_args=validate_args)
 
 
 def fpr_at_95_tpr(
@@ -166,9 +195,11 @@ def fpr_at_95_tpr(
     *,
     in_logits: ArrayLike | None = None,
     out_logits: ArrayLike | None = None,
+    validate_args: bool = True,
 ) -> float:
     """False-positive rate (in-distribution flagged as OOD) when 95% of OOD samples are caught."""
-    return fpr95_from_scores(*_prep_scores(in_probs, out_probs, score, in_logits, out_logits))
+    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
+    return fpr95_from_scores(*scores, validate_args=validate_args)
 
 
 def roc_curve_points(
@@ -178,7 +209,9 @@ def roc_curve_points(
     *,
     in_logits: ArrayLike | None = None,
     out_logits: ArrayLike | None = None,
+    validate_args: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ROC curve (fpr, tpr, thresholds) for plotting; equals sklearn ``roc_curve(...,
     drop_intermediate=False)`` (whose first threshold is also +inf)."""
-    return roc_from_scores(*_prep_scores(in_probs, out_probs, score, in_logits, out_logits))
+    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
+    return roc_from_scores(*scores, validate_args=validate_args)

@@ -29,6 +29,9 @@ __all__ = [
     "check_n_bins",
     "check_probs",
     "check_probs_labels",
+    "logits_labels",
+    "probs_labels",
+    "scores_matrix",
 ]
 
 ArrayLike = Any  # torch.Tensor | np.ndarray | nested sequences
@@ -131,3 +134,47 @@ def check_probs_labels(
 def check_logits_labels(logits: ArrayLike, labels: ArrayLike) -> tuple[torch.Tensor, torch.Tensor]:
     z = check_matrix(logits, "logits")
     return z, check_labels(labels, z.shape[0], z.shape[1], z.device)
+
+
+# -- the same entry points with a switch: validate_args=False only converts ----------------------
+
+
+def _labels_as(labels: ArrayLike, like: torch.Tensor) -> torch.Tensor:
+    return as_tensor(labels, "labels").to(device=like.device, dtype=torch.long)
+
+
+def probs_labels(
+    probs: ArrayLike, labels: ArrayLike, n_bins: Any | None = None, *, validate_args: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`check_probs_labels`, or with ``validate_args=False`` only the conversion to tensors
+    (labels to int64 on the probabilities' device): no pass over the values, no device sync.
+
+    For callers whose arrays were checked already (e.g. probabilities a fitted calibrator
+    returned, scored by several metrics in turn).
+
+    >>> p, y = probs_labels([[0.9, 0.1]], [0], validate_args=False)
+    >>> p.dtype, y.dtype
+    (torch.float64, torch.int64)
+    """
+    if validate_args:
+        return check_probs_labels(probs, labels, n_bins)
+    p = as_tensor(probs, "probs")
+    return p, _labels_as(labels, p)
+
+
+def logits_labels(
+    logits: ArrayLike, labels: ArrayLike, *, validate_args: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`check_logits_labels`, or with ``validate_args=False`` only the conversion to tensors."""
+    if validate_args:
+        return check_logits_labels(logits, labels)
+    z = as_tensor(logits, "logits")
+    return z, _labels_as(labels, z)
+
+
+def scores_matrix(x: ArrayLike, name: str, *, validate_args: bool = True) -> torch.Tensor:
+    """`check_probs` (``name="probs"``) or `check_matrix`, or only `as_tensor` when
+    ``validate_args`` is False."""
+    if not validate_args:
+        return as_tensor(x, name)
+    return check_probs(x) if name == "probs" else check_matrix(x, name)
