@@ -15,7 +15,7 @@ which does not check them again.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
 import torch
@@ -27,19 +27,6 @@ from calibtune.metrics.validation import ArrayLike, check_logits_labels, check_m
 def compute_dtype(x: torch.Tensor) -> torch.dtype:
     """float64 stays float64; everything else (float16/bfloat16/float32/ints) runs in float32."""
     return torch.float64 if x.dtype == torch.float64 else torch.float32
-
-
-def validate_params(owner: str, params: Sequence[Param], values: dict[str, Any]) -> dict[str, Any]:
-    """Validate constructor arguments against the declared `Param`s (same rules as the registry).
-
-    ``None`` is accepted for parameters whose declared default is ``None`` (e.g. "use the
-    protocol's default grid").
-    """
-    out = {}
-    for p in params:
-        v = values[p.name]
-        out[p.name] = v if (v is None and p.default is None) else p.validate(v, owner=owner)
-    return out
 
 
 class PosthocCalibrator(ABC):
@@ -64,10 +51,14 @@ class PosthocCalibrator(ABC):
         self._fitted = False
 
     def _checked(self, args: Mapping[str, Any]) -> dict[str, Any]:
-        """The constructor's arguments (its ``locals()``) checked against `PARAMS`."""
-        names = {p.name for p in self.PARAMS}
-        values = {k: v for k, v in args.items() if k in names}
-        return validate_params(type(self).__name__, self.PARAMS, values)
+        """The constructor's arguments (its ``locals()``) checked against `PARAMS`; ``None`` is
+        accepted where the declared default is ``None`` (e.g. "the protocol's default grid")."""
+        owner = type(self).__name__
+        out = {}
+        for p in self.PARAMS:
+            v = args[p.name]
+            out[p.name] = v if (v is None and p.default is None) else p.validate(v, owner=owner)
+        return out
 
     @classmethod
     def from_params(cls, **params: Any) -> Self:
