@@ -40,6 +40,7 @@ __all__ = [
 DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("step", "cosine", "constant")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
 
 class _Bad(ValueError):
@@ -193,6 +194,7 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     max_failures: int = 0
+    placement_strategy: str = "PACK"  # of the workers' bundles; SPREAD: one node each if possible
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,9 @@ def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
         use_gpu=_bool(d.get("use_gpu", False), "scaling.use_gpu"),
         resources_per_worker=res,
         max_failures=_int(d.get("max_failures", 0), "scaling.max_failures", 0),
+        placement_strategy=_choice(
+            d.get("placement_strategy", "PACK"), "scaling.placement_strategy", PLACEMENT_STRATEGIES
+        ),
     )
 
 

@@ -48,6 +48,7 @@ from calibtune.trial._config import (
     config_to_dict,
     save_config,
 )
+from calibtune.trial._placement import record_placement
 
 __all__ = [
     "TrialCallback",
@@ -221,6 +222,7 @@ def _run(
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
+        placement_strategy=cfg.scaling.placement_strategy,
     )
     run_config = ray.train.RunConfig(
         name=cfg.name,
@@ -260,6 +262,7 @@ def _run(
         epochs_completed=out["epochs_completed"],
         resumed_from_epoch=out["resumed_from_epoch"],
         wall_time_s=time.perf_counter() - t0,
+        extra={"workers": out.get("workers", [])},  # where each rank ran (workers.json)
     )
 
 
@@ -442,6 +445,8 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         start_epoch = int(state["epoch"])
         history = list(state["history"])
     resumed_from = start_epoch
+    # where each rank runs (collective: every rank, before training)
+    ranks = record_placement(trial_dir / "artifacts", rank, world, start_epoch)
 
     model = ray.train.torch.prepare_model(net) if world > 1 else net
     lr_at = lr_schedule(
@@ -554,6 +559,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         "artifacts_dir": str(art),
         "epochs_completed": len(history),
         "resumed_from_epoch": resumed_from,
+        "workers": ranks,
     }
 
 
