@@ -58,10 +58,11 @@ class Node:
         raise AssertionError(f"no raylet under {self.temp_dir}:\n{self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        # SIGTERM drains the node for up to 30 s; a test cluster has nothing worth waiting for
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
             try:
                 os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=wait)
                 break
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue

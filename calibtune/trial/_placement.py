@@ -69,9 +69,12 @@ def record_placement(
 
 
 def worker_nodes_tag(artifacts: Path) -> str | None:
-    """The `TAG_WORKER_NODES` value from ``workers.json`` (None when there is none)."""
+    """The `TAG_WORKER_NODES` value from ``workers.json`` (None without the file, or outside
+    Ray, where ranks have no node id)."""
     path = Path(artifacts) / WORKERS_FILE
     if not path.is_file():
         return None
-    ranks = json.loads(path.read_text())["ranks"]
-    return ",".join(str(r["node_id"]) for r in ranks)[:5000]  # MLflow's tag limit; all in the file
+    nodes = [r["node_id"] for r in json.loads(path.read_text())["ranks"]]
+    if not any(nodes):
+        return None
+    return ",".join(map(str, nodes))[:5000]  # MLflow's tag length limit; all of it is in the file
