@@ -47,6 +47,7 @@ def _study(
     scaling: dict[str, Any],
     every: int = 1,
     trials: int = 2,
+    batch: int = 32,
 ) -> Path:
     study = {
         "name": name,
@@ -54,8 +55,8 @@ def _study(
             "data": {"name": "digits", "ood": []},
             "model": {"name": "mlp"},
             "optimizer": {"name": "sgd", "lr": 0.05},
-            # small batches: a few seconds per epoch, time enough to kill something mid-trial
-            "train": {"epochs": epochs, "batch_size": 32, "checkpoint_every": every},
+            # small batches: seconds per epoch, time enough to kill something mid-epoch
+            "train": {"epochs": epochs, "batch_size": batch, "checkpoint_every": every},
             "eval": {"posthoc": ["ts"], "figures": False, "test_every_epoch": False},
             "scaling": {"num_workers": 2, "resources_per_worker": {"CPU": 1}, **scaling},
         },
@@ -152,13 +153,34 @@ def _wait_for_epoch(tmp: Path, proc: subprocess.Popen, epoch: int, timeout: floa
     raise AssertionError(f"no epoch {epoch} logged in {timeout} s")
 
 
-def _exactly_once(client: MlflowClient, trials: list[Any], epochs: int) -> None:
-    """Every epoch once per trial run. Known open bug (issue 9, fixed by the lead): an epoch
-    re-run after a restart is logged again, or a checkpointed epoch never; the test then reports
-    xfail here, after every other assertion has passed."""
+def _known_bugs(problems: list[str]) -> None:
+    """The last check of a test: open bugs (issue 9) that the lead is fixing on main. Each
+    problem is asserted as it should be; one that shows turns the test into an xfail here, after
+    every other assertion has passed, so the test keeps failing on anything else."""
+    if any(problems):
+        pytest.xfail("; ".join(p for p in problems if p))
+
+
+def _epochs_once(client: MlflowClient, trials: list[Any], epochs: int) -> str:
+    """Every epoch once per trial run; a re-run epoch logged again (or a checkpointed one never)
+    is the open "every epoch exactly once" bug."""
     steps = {t.info.run_id: _steps(client, t.info.run_id) for t in trials}
-    if any(s != list(range(1, epochs + 1)) for s in steps.values()):
-        pytest.xfail(f"exactly-once: lead (train/loss steps per run: {steps})")
+    if all(s == list(range(1, epochs + 1)) for s in steps.values()):
+        return ""
+    return f"exactly-once: lead (train/loss steps per run: {steps})"
+
+
+def _same_as_uninterrupted(client: MlflowClient, restarted: Any, clean: Any) -> str:
+    """Two trials of one config and seed: the one restarted from a checkpoint must report what
+    the uninterrupted one did. Open bug: only rank 0's RNG state is checkpointed and every rank
+    restores it, so after a restart rank 1 draws rank 0's augmentation offsets."""
+    a = [m.value for m in client.get_metric_history(restarted.info.run_id, "train/loss")]
+    b = [m.value for m in client.get_metric_history(clean.info.run_id, "train/loss")]
+    if a == pytest.approx(b, rel=1e-6) and restarted.data.metrics["test/ece"] == pytest.approx(
+        clean.data.metrics["test/ece"], rel=1e-6
+    ):
+        return ""
+    return f"resume: lead (per-rank RNG; restarted train/loss {a} vs uninterrupted {b})"
 
 
 def _check_study(parent: Any, trials: list[Any], n: int) -> None:
@@ -180,7 +202,7 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     first is SIGKILLed mid-trial, and that trial restarts from its last checkpoint
     (``max_failures: 1``) and finishes in the same MLflow run."""
     scaling = {"placement_strategy": "STRICT_SPREAD", "max_failures": 1}
-    study = _study(tmp_path, "ddp_spread", epochs=2, scaling=scaling)
+    study = _study(tmp_path, "ddp_spread", epochs=2, scaling=scaling, batch=8)
     proc = _run(cluster, tmp_path, study)
     first = _wait_for_epoch(tmp_path, proc, epoch=1)
     before = _workers(tmp_path, "ddp_spread", first)
@@ -200,19 +222,21 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     assert victim not in [r["pid"] for r in after["ranks"]]  # new Train workers …
     assert after["start_epoch"] >= 1  # … restored from a checkpoint, not from scratch
     assert _workers(tmp_path, "ddp_spread", trials[1])["start_epoch"] == 0
-    _exactly_once(client, trials, epochs=2)
+    _known_bugs(
+        [_epochs_once(client, trials, 2), _same_as_uninterrupted(client, trials[0], trials[1])]
+    )
 
 
 @pytest.mark.timeout(600)  # bounds, not expectations: ~2-4 min each on a busy 2-core box
 def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_path: Path) -> None:
-    """SIGKILL the second node's raylet while a trial's ranks run on both nodes (``SPREAD``,
-    ``max_failures: 0``, ``checkpoint_every: 2`` of 3 epochs): the trial fails, the study says
+    """SIGKILL the second node's raylet during epoch 4 of a trial whose ranks run on both nodes
+    (``SPREAD``, ``max_failures: 0``, ``checkpoint_every: 2``): the trial fails, the study says
     so (exit 1: every trial failed); ``calibtune resume`` on the remaining head node then
-    finishes it in the same MLflow run, re-running the epochs after its last checkpoint."""
+    finishes it in the same MLflow run from its epoch-2 checkpoint, re-running epoch 3."""
     scaling = {"placement_strategy": "SPREAD", "max_failures": 0}
-    study = _study(tmp_path, "ddp_raylet", epochs=3, scaling=scaling, every=2, trials=1)
+    study = _study(tmp_path, "ddp_raylet", epochs=4, scaling=scaling, every=2, trials=1, batch=8)
     proc = _run(cluster, tmp_path, study)
-    first = _wait_for_epoch(tmp_path, proc, epoch=1)
+    first = _wait_for_epoch(tmp_path, proc, epoch=3)
     ranks = _workers(tmp_path, "ddp_raylet", first)["ranks"]
     assert len({r["node_id"] for r in ranks}) == 2, ranks  # SPREAD used both nodes
     os.kill(cluster.nodes[1].raylet_pid(), signal.SIGKILL)
@@ -221,6 +245,7 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     assert parent.data.metrics["study/trials_failed"] == 1
     assert len(trials) == 1 and trials[0].info.run_id == first.info.run_id
     assert (trials[0].info.status, trials[0].data.tags["calibtune.status"]) == ("FAILED", "failed")
+    assert 4 not in _steps(client, first.info.run_id)  # it was killed before the end
 
     resume = _calibtune(
         cluster, tmp_path, "resume", "ddp_raylet", "--storage", str(tmp_path / "studies")
@@ -232,5 +257,6 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     _check_study(parent, resumed, 1)
     assert resumed[0].info.run_id == first.info.run_id
     after = _workers(tmp_path, "ddp_raylet", resumed[0])
+    assert after["start_epoch"] == 2  # from the last checkpoint
     assert len({r["node_id"] for r in after["ranks"]}) == 1  # on the head node alone
-    _exactly_once(client, resumed, epochs=3)
+    _known_bugs([_epochs_once(client, resumed, 4)])
