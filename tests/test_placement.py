@@ -18,6 +18,7 @@ from calibtune.trial import config_from_dict, config_to_dict
 from calibtune.trial._placement import (
     TAG_WORKER_NODES,
     WORKERS_FILE,
+    check_placement,
     record_placement,
     worker_nodes_tag,
     write_workers,
@@ -70,3 +71,43 @@ def test_trial_run_is_tagged_with_its_ranks_nodes(tmp_path: Path) -> None:
     run = client.get_run(run_id)
     assert run.data.tags[TAG_WORKER_NODES] == f"{'a' * 56},{'b' * 56}"
     assert WORKERS_FILE in [f.path for f in client.list_artifacts(run_id)]
+
+
+TWO_CPU, ONE_CPU = {"CPU": 2.0, "memory": 1e9}, {"CPU": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "workers", "nodes", "error"),
+    [
+        ("STRICT_SPREAD", 2, [TWO_CPU, ONE_CPU], None),
+        ("STRICT_SPREAD", 2, [TWO_CPU], r"STRICT_SPREAD expected 2 nodes with CPU 1 each, got 1"),
+        ("STRICT_SPREAD", 3, [TWO_CPU, {"GPU": 1.0}], r"expected 3 nodes .* got 1 in the Ray"),
+        ("STRICT_PACK", 2, [ONE_CPU, TWO_CPU], None),
+        ("STRICT_PACK", 2, [ONE_CPU, ONE_CPU], r"STRICT_PACK expected a node with 2 × \(CPU 1\)"),
+        ("SPREAD", 4, [ONE_CPU], None),  # soft: Ray packs what it cannot spread
+        ("PACK", 4, [ONE_CPU], None),  # totals are check_resources' job
+    ],
+)
+def test_strict_strategies_need_fitting_nodes(strategy, workers, nodes, error) -> None:
+    if error is None:
+        check_placement(strategy, workers, {"CPU": 1.0}, nodes)
+    else:
+        with pytest.raises(ValueError, match=rf"^scaling\.placement_strategy: .*{error}"):
+            check_placement(strategy, workers, {"CPU": 1.0}, nodes)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_run_refuses_strict_spread_on_one_node_before_starting(tmp_path: Path) -> None:
+    """One 2-CPU node: Ray would retry the worker-group start every 60 s forever."""
+    from calibtune.trial import run
+
+    cfg = config_from_dict(
+        {
+            "storage_path": str(tmp_path),
+            "scaling": {"num_workers": 2, "placement_strategy": "STRICT_SPREAD"},
+        }
+    )
+    with pytest.raises(ValueError, match=r"STRICT_SPREAD expected 2 nodes with CPU 1 each, got 1"):
+        run(cfg)
+    assert not (tmp_path / "trial").exists()  # nothing written

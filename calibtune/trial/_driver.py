@@ -48,7 +48,7 @@ from calibtune.trial._config import (
     config_to_dict,
     save_config,
 )
-from calibtune.trial._placement import record_placement
+from calibtune.trial._placement import check_placement_on_cluster, record_placement
 
 __all__ = [
     "TrialCallback",
@@ -169,6 +169,7 @@ def run(
             address = os.environ.get("RAY_ADDRESS") or "local"
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         check_resources(cfg, ray.cluster_resources())
+        check_placement_on_cluster(cfg.scaling)  # STRICT_* strategies need fitting nodes
         if in_tune:
             from ray.tune.integration.ray_train import TuneReportCallback
 

@@ -20,10 +20,62 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TAG_WORKER_NODES", "WORKERS_FILE", "record_placement", "worker_nodes_tag"]
+__all__ = [
+    "TAG_WORKER_NODES",
+    "WORKERS_FILE",
+    "check_placement",
+    "check_placement_on_cluster",
+    "record_placement",
+    "worker_nodes_tag",
+]
 
 WORKERS_FILE = "workers.json"
 TAG_WORKER_NODES = "calibtune.worker_nodes"  # the ranks' Ray node ids, in rank order, ","-joined
+
+
+def check_placement(
+    strategy: str,
+    num_workers: int,
+    bundle: Mapping[str, float],
+    nodes: Sequence[Mapping[str, float]],
+) -> None:
+    """Fail fast where Ray would wait forever (Ray Train retries the worker-group start every
+    60 s): ``STRICT_SPREAD`` needs ``num_workers`` nodes that each hold one worker's ``bundle``
+    (e.g. ``{"CPU": 1}``), ``STRICT_PACK`` one node that holds them all. ``nodes``: each alive
+    node's total resources (``ray.nodes()[i]["Resources"]``)."""
+
+    def holds(node: Mapping[str, float], times: int) -> bool:
+        return all(float(node.get(k, 0.0)) + 1e-9 >= v * times for k, v in bundle.items())
+
+    want = ", ".join(f"{k} {v:g}" for k, v in sorted(bundle.items()))
+    if strategy == "STRICT_SPREAD":
+        fit = sum(holds(n, 1) for n in nodes)
+        if fit < num_workers:
+            raise ValueError(
+                f"scaling.placement_strategy: STRICT_SPREAD expected {num_workers} nodes with "
+                f"{want} each, got {fit} in the Ray cluster; use SPREAD or fewer workers"
+            )
+    elif (
+        strategy == "STRICT_PACK"
+        and num_workers > 0
+        and not any(holds(n, num_workers) for n in nodes)
+    ):
+        raise ValueError(
+            f"scaling.placement_strategy: STRICT_PACK expected a node with {num_workers} × "
+            f"({want}), got none in the Ray cluster; use PACK or fewer workers"
+        )
+
+
+def check_placement_on_cluster(scaling: Any) -> None:
+    """`check_placement` for a trial's ``scaling`` config against the connected Ray cluster
+    (the worker bundle as `calibtune.trial.check_resources` counts it: ``CPU`` 1 unless given,
+    ``GPU`` 1 with ``use_gpu``)."""
+    import ray
+
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if scaling.use_gpu else {})}
+    bundle.update(scaling.resources_per_worker)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    check_placement(scaling.placement_strategy, scaling.num_workers, bundle, nodes)
 
 
 def rank_record(rank: int) -> dict[str, Any]:
