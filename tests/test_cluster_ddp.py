@@ -26,7 +26,6 @@ from _cluster import Cluster, start_cluster
 from mlflow.tracking import MlflowClient
 
 pytestmark = [pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "calibtune-ddp-cluster"
 # a killed node is declared dead after ~3 failed 0.5 s health checks instead of ~15 s
 FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
@@ -109,12 +108,16 @@ def _run(cluster: Cluster, tmp: Path, study: Path) -> subprocess.Popen:
     )
 
 
-def _wait(proc: subprocess.Popen, tmp: Path, timeout: float) -> int:
+def _log(tmp: Path) -> str:
+    return (tmp / "calibtune.log").read_text()[-4000:]
+
+
+def _wait(proc: subprocess.Popen, tmp: Path, timeout: float = 300) -> int:
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError((tmp / "calibtune.log").read_text()[-4000:]) from None
+        raise AssertionError(_log(tmp)) from None
 
 
 def _runs(tmp: Path) -> tuple[MlflowClient, Any, list[Any]]:
@@ -142,7 +145,7 @@ def _wait_for_epoch(tmp: Path, proc: subprocess.Popen, epoch: int, timeout: floa
     """The first trial run once MLflow holds its epoch ``epoch`` (polled every 0.1 s)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        assert proc.poll() is None, (tmp / "calibtune.log").read_text()[-4000:]
+        assert proc.poll() is None, _log(tmp)
         try:
             client, _, trials = _runs(tmp)
             if trials and epoch in _steps(client, trials[0].info.run_id):
@@ -194,7 +197,7 @@ def _check_study(parent: Any, trials: list[Any], n: int) -> None:
     assert parent.data.metrics["study/trials_failed"] == 0
 
 
-@pytest.mark.timeout(600)  # bounds, not expectations: ~2-4 min each on a busy 2-core box
+@pytest.mark.timeout(600)  # a bound: 1.5-3 min measured on the shared 2-core machine
 def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -208,7 +211,7 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     before = _workers(tmp_path, "ddp_spread", first)
     victim = before["ranks"][1]["pid"]
     os.kill(victim, signal.SIGKILL)
-    assert _wait(proc, tmp_path, timeout=300) == 0, (tmp_path / "calibtune.log").read_text()[-4000:]
+    assert _wait(proc, tmp_path) == 0, _log(tmp_path)
 
     client, parent, trials = _runs(tmp_path)
     _check_study(parent, trials, 2)
@@ -227,7 +230,7 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     )
 
 
-@pytest.mark.timeout(600)  # bounds, not expectations: ~2-4 min each on a busy 2-core box
+@pytest.mark.timeout(600)  # a bound: 1.5-3 min measured on the shared 2-core machine
 def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_path: Path) -> None:
     """SIGKILL the second node's raylet during epoch 4 of a trial whose ranks run on both nodes
     (``SPREAD``, ``max_failures: 0``, ``checkpoint_every: 2``): the trial fails, the study says
@@ -240,7 +243,7 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     ranks = _workers(tmp_path, "ddp_raylet", first)["ranks"]
     assert len({r["node_id"] for r in ranks}) == 2, ranks  # SPREAD used both nodes
     os.kill(cluster.nodes[1].raylet_pid(), signal.SIGKILL)
-    assert _wait(proc, tmp_path, timeout=300) == 1, (tmp_path / "calibtune.log").read_text()[-4000:]
+    assert _wait(proc, tmp_path) == 1, _log(tmp_path)
     client, parent, trials = _runs(tmp_path)
     assert parent.data.metrics["study/trials_failed"] == 1
     assert len(trials) == 1 and trials[0].info.run_id == first.info.run_id
@@ -250,9 +253,7 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     resume = _calibtune(
         cluster, tmp_path, "resume", "ddp_raylet", "--storage", str(tmp_path / "studies")
     )
-    assert _wait(resume, tmp_path, timeout=300) == 0, (tmp_path / "calibtune.log").read_text()[
-        -4000:
-    ]
+    assert _wait(resume, tmp_path) == 0, _log(tmp_path)
     client, parent, resumed = _runs(tmp_path)
     _check_study(parent, resumed, 1)
     assert resumed[0].info.run_id == first.info.run_id
