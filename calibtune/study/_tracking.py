@@ -316,7 +316,7 @@ class MlflowTrialCallback:
             {k: v for k, v in metrics.items() if mlflow_metric_name(k) not in have},
             step=0,
         )
-        from calibtune.trial._placement import TAG_WORKER_NODES, worker_nodes_tag
+        from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag
 
         if artifacts_dir and (nodes := worker_nodes_tag(Path(artifacts_dir))) is not None:
             client.set_tag(self.run_id, TAG_WORKER_NODES, nodes)  # where the trial's ranks ran

@@ -28,10 +28,11 @@ from calibtune.trial._driver import (
     check_data_files,
     check_resources,
     run,
-    train_loop_per_worker,
 )
+from calibtune.trial._placement import TAG_WORKER_NODES, worker_nodes_tag
 
 __all__ = [
+    "TAG_WORKER_NODES",
     "DataConfig",
     "EvalConfig",
     "LossConfig",
@@ -54,5 +55,5 @@ __all__ = [
     "run",
     "save_config",
     "save_state",
-    "train_loop_per_worker",
+    "worker_nodes_tag",
 ]
