@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from scipy.io import savemat
 
 import calibtune.data._ood as ood_module
@@ -316,16 +317,25 @@ def test_digits_far_patches() -> None:
     assert len(load_ood("digits_far", num_samples=7).dataset) == 7
 
 
-def test_digits_far_patch_is_block_average_of_photo() -> None:
+def test_digits_far_patches_are_block_averages_of_photo_windows() -> None:
     from sklearn.datasets import load_sample_images
 
-    photos = load_sample_images().images
-    grey = (photos[0].astype(float) @ np.array([0.299, 0.587, 0.114])) / 255
-    # the first 4×4 block of a 32×32 patch at (0, 0) is the mean of grey[0:4, 0:4]
-    patch = grey[:32, :32].reshape(8, 4, 8, 4).mean(axis=(1, 3))
-    assert patch[0, 0] == pytest.approx(grey[:4, :4].mean())
-    ours = ood_module._sample_photos_grey()[0]
-    assert np.allclose(ours, grey)
+    luma = np.array([0.299, 0.587, 0.114])
+    photos = [(img.astype(float) @ luma) / 255 for img in load_sample_images().images]
+    # a 32×32 window at (top, left) averaged over 4×4 blocks is box[top + 4i, left + 4j],
+    # box = the 4×4 mean at every pixel
+    boxes = [sliding_window_view(g, (4, 4)).mean(axis=(2, 3)) for g in photos]
+    o = load_ood("digits_far", seed=0, num_samples=6)
+    (mean,), (std,) = dataset_stats("digits")
+    patches = (o.dataset.tensors[0][:, 0].double() * std + mean).numpy()  # (6, 8, 8) on [0, 1]
+    for patch in patches:
+        found = []  # search every window of both photos for the patch
+        for k, box in enumerate(boxes):
+            tops, lefts = np.nonzero(np.abs(box[:-28, :-28] - patch[0, 0]) < 1e-5)
+            for t, left in zip(tops, lefts, strict=True):
+                if np.allclose(box[t : t + 32 : 4, left : left + 32 : 4], patch, atol=1e-5):
+                    found.append((k, t, left))
+        assert found, "a digits_far patch is not the 4×4 block average of any 32×32 window"
 
 
 def test_mnist1d_far_signals() -> None:
