@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
         for p in points:
             ostudy.enqueue_trial(p)
     seen = []
-    for i in range(6 if sampler != "grid" else 3):
+    # past TPE's and GP's 10 random start-up trials, so their model-based suggestions are checked
+    for i in range(14 if sampler != "grid" else 3):
         t = ostudy.ask()
         space(t)
         seen.append(t.params)
@@ -73,6 +75,103 @@ def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
         ostudy.tell(t, float(i % 3))
     if sampler == "grid":
         assert seen == conditional_grid(study)
+
+
+# Do the model-based samplers use their model? A cheap objective with a planted optimum over a
+# loss with two continuous parameters (fcl: gamma on [1, 5], lam on [0.1, 3] log), measured in the
+# unit square of the sampler's own coordinates. Uniform points lie ≈0.45 from the optimum on
+# average; a sampler that models the objective puts its last suggestions much closer.
+FCL = {
+    "name": "fcl",
+    "params": {
+        "gamma": {"type": "float", "low": 1.0, "high": 5.0},
+        "lam": {"type": "float", "low": 0.1, "high": 3.0, "log": True},
+    },
+}
+
+
+def _unit(params: dict) -> np.ndarray:
+    return np.array(
+        [(params["fcl/gamma"] - 1.0) / 4.0, math.log(params["fcl/lam"] / 0.1) / math.log(30.0)]
+    )
+
+
+OPTIMUM = _unit({"fcl/gamma": 4.0, "fcl/lam": 1.5})
+
+
+def _drive(tmp_path: Path, sampler: str, losses: list, n_trials: int) -> list[float | None]:
+    """Ask the study's own sampler ``n_trials`` times over its define-by-run space, telling the
+    squared distance to OPTIMUM (other losses: 2, worse than any fcl point); returns each
+    trial's distance (None for another loss)."""
+    raw = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
+    raw["search"].update(sampler=sampler, sampler_seed=0)
+    raw["losses"] = losses
+    path = tmp_path / f"{sampler}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    study = load_study(path)
+    space = define_by_run(study)
+    ostudy = optuna.create_study(sampler=make_sampler(study))
+    out: list[float | None] = []
+    for _ in range(n_trials):
+        t = ostudy.ask()
+        space(t)
+        if t.params["loss"] != "fcl":
+            out.append(None)
+            ostudy.tell(t, 2.0)
+            continue
+        out.append(float(np.linalg.norm(_unit(t.params) - OPTIMUM)))
+        ostudy.tell(t, out[-1] ** 2)
+    return out
+
+
+# (sampler, trials, the last k scored): TPE and GP start with 10 random trials, CMA-ES with 1
+# plus generations of 6; GP fits a Gaussian process per suggestion (≈1 s each on this machine)
+@pytest.mark.parametrize(
+    ("sampler", "n_trials", "last", "concentrates"),
+    [
+        ("tpe", 30, 10, True),
+        ("cmaes", 30, 10, True),
+        ("gp", 14, 4, True),
+        ("random", 30, 10, False),
+    ],
+)
+def test_model_based_samplers_concentrate_near_a_planted_optimum(
+    tmp_path, sampler, n_trials, last, concentrates
+):
+    distances = _drive(tmp_path, sampler, [FCL], n_trials)
+    late = float(np.mean(distances[-last:]))
+    if concentrates:
+        assert late < 0.3, f"{sampler} did not leave random search: mean distance {late:.3f}"
+    else:  # the control: the same measure on random search stays far
+        assert late > 0.3
+
+
+def _conditional(tmp_path: Path, sampler: str, n_trials: int, last: int) -> tuple[float, float]:
+    """Share of fcl among the last suggestions and their mean distance to OPTIMUM, in a
+    two-loss study where cross-entropy scores worse than any fcl point."""
+    tail = _drive(tmp_path, sampler, ["cross_entropy", FCL], n_trials)[-last:]
+    fcl = [d for d in tail if d is not None]
+    return len(fcl) / last, float(np.mean(fcl)) if fcl else math.inf
+
+
+def test_tpe_learns_the_loss_and_its_parameters_in_a_conditional_space(tmp_path):
+    share, late = _conditional(tmp_path, "tpe", 50, 10)
+    assert share >= 0.7 and late < 0.3, (share, late)
+    share, late = _conditional(tmp_path, "random", 50, 10)  # the control
+    assert share < 0.7 and late > 0.3, (share, late)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: with several losses the per-loss parameters are conditional, so CmaEsSampler "
+    "and GPSampler model only the intersection of the trials' parameters (the categorical "
+    "`loss`; CMA-ES not even that) and sample every loss parameter at random; make_sampler "
+    "hides Optuna's warning (CmaEsSampler(warn_independent_sampling=False))",
+)
+@pytest.mark.parametrize(("sampler", "n_trials"), [("cmaes", 50), ("gp", 20)])
+def test_cmaes_and_gp_learn_loss_parameters_in_a_conditional_space(tmp_path, sampler, n_trials):
+    share, late = _conditional(tmp_path, sampler, n_trials, 10)
+    assert share >= 0.7 and late < 0.3, (share, late)
 
 
 def test_metric_names_round_trip_through_mlflow():
