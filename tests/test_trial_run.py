@@ -275,4 +275,5 @@ def test_resuming_a_trial_folder_with_another_config_is_refused(tmp_path: Path) 
         run(_cfg(tmp_path, "focal", name="t_cross_entropy"))
     # the unchanged config still resumes (finished: only re-evaluated)
     again = run(_cfg(tmp_path, "cross_entropy"))
+    assert again.resumed_from_epoch == 2 and again.epochs_completed == 2  # not retrained
     assert again.metrics["test/ece"] == pytest.approx(first.metrics["test/ece"])
