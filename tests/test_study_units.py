@@ -34,6 +34,12 @@ def test_pareto_front_hand_example():
     assert pareto_mask(v[:4], ["min", "max"]).tolist() == [True, False, False, False]
 
 
+def _inside(value, dist) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    return dist.low <= value <= dist.high
+
+
 @pytest.mark.parametrize("sampler", SAMPLERS)
 def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
     raw = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
@@ -71,10 +77,16 @@ def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
         t = ostudy.ask()
         space(t)
         seen.append(t.params)
-        assert all(k == "loss" or k.startswith(t.params["loss"] + "/") for k in t.params)
+        label = t.params["loss"]
+        # exactly the sampled loss's parameters, each inside its declared distribution
+        dists = {f"{label}/{n}": d for n, d in study.loss(label).loss.space.dists.items()}
+        assert set(t.params) == {"loss", *dists}, t.params
+        assert all(_inside(t.params[k], d) for k, d in dists.items()), t.params
         ostudy.tell(t, float(i % 3))
     if sampler == "grid":
         assert seen == conditional_grid(study)
+    else:
+        assert len({p["loss"] for p in seen}) >= 2  # the loss itself is searched
 
 
 # Do the model-based samplers use their model? A cheap objective with a planted optimum over a
