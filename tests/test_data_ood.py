@@ -340,6 +340,27 @@ def test_digits_far_patches_are_block_averages_of_photo_windows() -> None:
         assert found, "a digits_far patch is not the 4×4 block average of any 32×32 window"
 
 
+def test_mnist1d_far_signals_are_standardised_row_segments_of_the_photos() -> None:
+    from sklearn.datasets import load_sample_images
+
+    luma = np.array([0.299, 0.587, 0.114])
+    o = load_ood("mnist1d_far", seed=0, num_samples=3)
+    (mean,), (std,) = dataset_stats("mnist1d")
+    signals = (o.dataset.tensors[0][:, 0].double() * std + mean).numpy()  # (3, 40)
+    found = [False] * len(signals)
+    for img in load_sample_images().images:
+        grey = ((img.astype(float) @ luma) / 255).astype(np.float32)
+        # every 160-pixel row segment averaged over blocks of 4: box[r, start + 4k], k < 40
+        box = sliding_window_view(grey, 4, axis=1).mean(axis=2)
+        segs = sliding_window_view(box, 157, axis=1)[:, :, ::4]  # (rows, starts, 40)
+        centred = segs - segs.mean(axis=2, keepdims=True)
+        # documented: per-signal std 1, with a 1e-3 floor that keeps flat segments flat
+        cand = centred / np.maximum(centred.std(axis=2, keepdims=True), 1e-3)
+        for i, sig in enumerate(signals):
+            found[i] |= bool((np.abs(cand - sig.astype(np.float32)).max(axis=2) < 1e-3).any())
+    assert all(found), found
+
+
 def test_mnist1d_far_signals() -> None:
     o = load_ood("mnist1d_far", seed=0)
     x, y = o.dataset.tensors
