@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: quickstart demo test test-fast lint format bench venv clean
+.PHONY: quickstart demo test test-fast lint format bench load venv clean
 
 venv: $(STAMP)
 
@@ -32,13 +32,17 @@ format: $(STAMP)
 
 # The full suite, slow tests included (CI runs exactly this).
 test: lint
-	$(BIN)/python -m pytest -q --timeout=900
+	$(BIN)/python -m pytest -q --timeout=900 --durations=25
 
 test-fast: lint
 	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
+
+# The 200-trial load study (≈ 15 min on 2 cores); numbers in bench/README.md. CI runs 6 trials.
+load: $(STAMP)
+	$(BIN)/python bench/bench_load.py --trials 200
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

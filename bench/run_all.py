@@ -13,6 +13,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 QUICK = {"bench_posthoc.py", "bench_trial.py"}
+SKIP_IN_ALL = {"bench_load.py"}  # `make load`: a long study of its own
 
 
 def main() -> int:
@@ -23,6 +24,8 @@ def main() -> int:
     scripts = sorted(HERE.glob("bench_*.py"))
     if args.only:
         scripts = [s for s in scripts if s.stem in args.only or s.name in args.only]
+    else:
+        scripts = [s for s in scripts if s.name not in SKIP_IN_ALL]
     failed = []
     for script in scripts:
         cmd = [sys.executable, str(script)]

@@ -7,15 +7,49 @@ resume, status, logs, compare, report, export and ui (`calibtune.study._cli`).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SUBCOMMANDS", "build_parser", "format_metrics_table", "main"]
+__all__ = ["SUBCOMMANDS", "bad_input_message", "build_parser", "format_metrics_table", "main"]
 
 
 class _UsageError(Exception):
     """Bad input: reported as one line on stderr with exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block): ``calibtune ui: error: argument --port:
+    expected a port 1-65535, got '99999'`` and exit code 2, like every other bad input."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
+
+
+def bad_input_message(exc: BaseException, path: str | os.PathLike[str] | None = None) -> str | None:
+    """One line for an exception that bad input raises (a rejected value, a missing, unreadable
+    or misplaced file, bytes that are not UTF-8, YAML that does not parse), else None.
+
+    ``path`` names the file being read when the exception does not (UnicodeDecodeError)."""
+    import yaml
+
+    name = getattr(exc, "filename", None) or path or "input"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{name}: expected UTF-8 text, got a byte it cannot decode at offset {exc.start}"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{name}: expected a file or folder, found nothing at that path"
+    if isinstance(exc, (ValueError, FileNotFoundError)):
+        return " ".join(str(exc).split())
+    if isinstance(exc, IsADirectoryError):
+        return f"{name}: expected a file, got a directory"
+    if isinstance(exc, NotADirectoryError):
+        return f"{name}: expected a path through directories, got a file in the way"
+    if isinstance(exc, PermissionError):
+        return f"{name}: expected a path this user may read and write, got permission denied"
+    if isinstance(exc, yaml.YAMLError):
+        return f"{name}: expected valid YAML, got {' '.join(str(exc).split())[:200]}"
+    return None
 
 
 def _add_train(sub: Any) -> None:
@@ -74,7 +108,7 @@ SUBCOMMANDS: dict[str, Callable[[Any], None]] = {"train": _add_train}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="calibtune",
         description="Calibration-aware training and hyperparameter studies on Ray.",
     )
@@ -125,8 +159,30 @@ def format_metrics_table(metrics: dict[str, float], all_metrics: bool = False) -
     return "\n".join(lines)
 
 
+def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
+    """The validated trial config of `calibtune train`, its storage folder checked."""
+    from calibtune.study._preflight import check_storage
+    from calibtune.trial import load_config
+
+    path = args.config
+    if os.path.isdir(path):
+        raise _UsageError(f"CONFIG.yaml: expected a trial-config file, got a directory: {path}")
+    if not os.path.exists(path):
+        raise _UsageError(f"{path}: no such file")
+    try:
+        cfg = load_config(path, overrides)
+        key = "--storage-path" if args.storage_path else f"{path}: storage_path"
+        check_storage(cfg.storage_path, key)
+    except Exception as exc:
+        message = bad_input_message(exc, path)
+        if message is None or os.environ.get("CALIBTUNE_DEBUG"):
+            raise
+        raise _UsageError(message) from None
+    return cfg
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    from calibtune.trial import TrialFailedError, load_config, run
+    from calibtune.trial import TrialFailedError, run
 
     overrides = list(args.overrides)
     if args.num_workers is not None:
@@ -139,12 +195,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"storage_path={args.storage_path}")
     if args.name:
         overrides.append(f"name={args.name}")
-    try:
-        cfg = load_config(args.config, overrides)
-    except FileNotFoundError:
-        raise _UsageError(f"{args.config}: no such file") from None
-    except ValueError as e:
-        raise _UsageError(str(e)) from None
+    cfg = _train_config(args, overrides)
     try:
         result = run(cfg)
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
@@ -159,7 +210,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser: "calibtune run: error: unrecognized ..."
+        sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+        sub.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args))
     except _UsageError as e:

@@ -20,7 +20,8 @@ from calibtune._registry import Param, Registry
 from calibtune.losses import LOSSES, CalibrationLoss, build_loss, flsd_from_p0, list_losses
 
 ALL = list_losses()
-ADAPTIVE = {"adafocal", "adadual_focal", "calfocal"}
+# the adaptive losses, from the registry (each class declares ``adaptive``)
+ADAPTIVE = {e.name for e in LOSSES if getattr(e.factory, "adaptive", False)}
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "losses.md"
 
 
@@ -69,6 +70,8 @@ class TestLossContract:
             p.name: tuple(p.default) for p in entry.params if p.kind == "float_list"
         }
         assert isinstance(loss.adaptive, bool) and loss.adaptive == (name in ADAPTIVE)
+        # an adaptive loss exposes the update API; a plain one does not
+        assert hasattr(loss, "update") == loss.adaptive
 
     @pytest.mark.parametrize("scale", [2.0, 50.0])
     def test_finite_loss_and_gradient(self, name: str, scale: float) -> None:
@@ -96,12 +99,24 @@ class TestLossContract:
 
     @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
     def test_gradient_matches_reduction(self, name: str, reduction: str) -> None:
-        # d(sum)/dz == B · d(mean)/dz, and "none" with unit upstream gradients == "sum"
+        # reference: Σ_i w_i ∂ℓ_i/∂z from one backward pass per sample of the "none" output
+        # (one-hot upstream gradients); "sum" has w = 1, "mean" w = 1/B, "none" random w.
         z, y = _logits(8, 4, seed=3, dtype=torch.float64)
-        loss = _with_state(build_loss(name, reduction=reduction))
-        _, g = _grad(lambda t: loss(t, y), z)
-        _, g_sum = _grad(lambda t: _with_state(build_loss(name, reduction="sum"))(t, y), z)
-        torch.testing.assert_close(g * (8 if reduction == "mean" else 1), g_sum)
+        zr = z.clone().requires_grad_(True)
+        per = _with_state(build_loss(name, reduction="none"))(zr, y)
+        rows = [torch.autograd.grad(per[i], zr, retain_graph=True)[0] for i in range(8)]
+        w = {
+            "mean": torch.full((8,), 1 / 8, dtype=torch.float64),
+            "sum": torch.ones(8, dtype=torch.float64),
+            "none": torch.linspace(-1.0, 2.0, 8, dtype=torch.float64),
+        }[reduction]
+        expected = sum(wi * r for wi, r in zip(w, rows, strict=True))
+        zg = z.clone().requires_grad_(True)
+        out = _with_state(build_loss(name, reduction=reduction))(zg, y)
+        upstream = w if reduction == "none" else torch.ones((), dtype=torch.float64)
+        (g,) = torch.autograd.grad(out, zg, grad_outputs=upstream)
+        assert expected.abs().sum() > 0
+        torch.testing.assert_close(g, expected, rtol=1e-10, atol=1e-12)
 
     def test_batch_size_one(self, name: str) -> None:
         z, y = _logits(1, 3, seed=4)
@@ -121,6 +136,14 @@ class TestLossContract:
         out.backward()
         assert out.dtype == dtype and out.device == z.device
         assert z.grad is not None and z.grad.dtype == dtype and torch.isfinite(z.grad).all()
+        # device: on the "meta" device any tensor the loss created on the CPU would raise
+        # (a device mismatch), so this checks device handling without a GPU
+        loss = _with_state(build_loss(name)).to("meta")
+        zm = torch.empty(16, 5, dtype=dtype, device="meta", requires_grad=True)
+        out = loss(zm, y.to("meta"))
+        out.backward()
+        assert out.device.type == "meta" and out.dtype == dtype
+        assert zm.grad is not None and zm.grad.device.type == "meta" and zm.grad.dtype == dtype
 
     @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
     def test_cuda(self, name: str) -> None:
@@ -382,6 +405,62 @@ def test_mmce_matches_pairwise_formula() -> None:
     )
 
 
+def _ref_mmce_seed(z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The seed code's MMCE_weighted (focal_calibration ``Losses/mmce.py``) written out: each
+    kernel sum is a *mean* over its pairs, then divided again by m², n², mn (guards omitted)."""
+    p = torch.softmax(z, 1)
+    r, pred = p.max(1)
+    c = [i for i in range(len(y)) if pred[i] == y[i]]
+    w = [i for i in range(len(y)) if pred[i] != y[i]]
+    m, n = len(c), len(w)
+
+    def k(i: int, j: int) -> torch.Tensor:
+        return torch.exp(-(r[i] - r[j]).abs() / 0.4)
+
+    cc = sum((1 - r[i]) * (1 - r[j]) * k(i, j) for i in c for j in c) / (m * m)
+    ww = sum(r[i] * r[j] * k(i, j) for i in w for j in w) / (n * n)
+    cw = sum((1 - r[i]) * r[j] * k(i, j) for i in c for j in w) / (m * n)
+    return torch.sqrt(cc / m**2 + ww / n**2 - 2 * cw / (m * n))
+
+
+def test_mmce_focal_calibration_normalization_matches_the_seed_code() -> None:
+    z, y = _logits(12, 4, seed=16, dtype=torch.float64)
+    _close_with_grads(
+        lambda t: F_cal.mmce_weighted(t, y, normalization="focal_calibration"),
+        lambda t: _ref_mmce_seed(t, y),
+        z,
+    )
+    loss = build_loss("mmce", lam=2.0, normalization="focal_calibration")
+    expected = TF.cross_entropy(z, y) + 2.0 * _ref_mmce_seed(z, y)
+    torch.testing.assert_close(loss(z, y), expected)
+    assert build_loss("mmce").hparams["normalization"] == "kumar"  # Kumar et al. by default
+
+
+def _batch_with_accuracy(acc: float, seed: int, b: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    z = torch.randn(b, 10, generator=torch.Generator().manual_seed(seed)) * 3
+    y = z.argmax(1)
+    wrong = round((1 - acc) * b)
+    y[:wrong] = (y[:wrong] + 1) % 10
+    return z, y
+
+
+def test_mmce_normalizations_differ_by_an_accuracy_dependent_factor() -> None:
+    # not a uniform 1/B² rescaling: the ratio at 60 % batch accuracy is several times that at 90 %
+    ratios = {}
+    for acc in (0.6, 0.9):
+        r = []
+        for seed in range(10):
+            z, y = _batch_with_accuracy(acc, seed)
+            kumar = F_cal.mmce_weighted(z, y)
+            seed_code = F_cal.mmce_weighted(z, y, normalization="focal_calibration")
+            r.append(float(kumar / seed_code))
+        ratios[acc] = (min(r), max(r))
+    assert ratios[0.6][0] > 40 and ratios[0.6][1] < 48  # measured 41-47
+    assert ratios[0.9][0] > 4 and ratios[0.9][1] < 12  # measured 5-11
+    with pytest.raises(ValueError, match=r"normalization: expected one of 'kumar', "):
+        F_cal.mmce_weighted(z, y, normalization="seed")
+
+
 def test_mmce_is_zero_when_one_group_is_empty() -> None:
     z = torch.tensor([[3.0, 0.0], [0.0, 2.0]], requires_grad=True)
     out = F_cal.mmce_weighted(z, z.argmax(1))  # every prediction correct
@@ -423,12 +502,18 @@ def test_adafocal_mixes_focal_and_inverse_by_bin() -> None:
 
 
 def test_half_precision_is_computed_in_float32() -> None:
+    # bfloat16 logits give exactly the float32 computation rounded to bfloat16 (loss and
+    # gradient), not a computation carried out in bfloat16
     z, y = _logits(16, 5, seed=19)
+    zb = z.bfloat16()
     for name in ("focal", "dual_focal", "fcl"):
         loss = build_loss(name)
-        assert loss(z.bfloat16(), y).float().item() == pytest.approx(
-            loss(z.bfloat16().float(), y).item(), rel=1e-2
-        )
+        z16, z32 = zb.clone().requires_grad_(True), zb.float().requires_grad_(True)
+        out16, out32 = loss(z16, y), loss(z32, y)
+        out16.backward()
+        out32.backward()
+        assert torch.equal(out16, out32.bfloat16()), name
+        assert torch.equal(z16.grad, z32.grad.bfloat16()), name
 
 
 # -- errors ----------------------------------------------------------------------------
@@ -459,6 +544,7 @@ def test_half_precision_is_computed_in_float32() -> None:
         ("flsd", {"gammas": (5, 3, 1), "thresholds": (0.5, 0.2)}, r"expected strictly increasing"),
         ("label_smoothing", {"alpha": 1.0}, r"alpha: expected a number in \[0, 1\), got 1.0"),
         ("mmce", {"lam": -0.1}, r"mmce: lam: expected a number in \[0, inf\), got -0.1"),
+        ("mmce", {"normalization": "sum"}, r"mmce: normalization: expected one of 'kumar', "),
     ],
 )
 def test_construction_errors(name: str, params: dict, match: str) -> None:

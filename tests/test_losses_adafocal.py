@@ -10,8 +10,12 @@ import pytest
 import torch
 
 import calibtune.losses.functional as F_cal
-from calibtune.losses import AdaFocalLoss, build_loss
+from calibtune.losses import LOSSES, AdaFocalLoss, build_loss
+from calibtune.losses._kernel import Schedule
 from calibtune.metrics import adaece
+
+# every adaptive loss, from the registry
+ADAPTIVE = sorted(e.name for e in LOSSES if getattr(e.factory, "adaptive", False))
 
 
 def _val_set(
@@ -94,6 +98,37 @@ def test_validation_bins_use_adaece_grouping_and_smallest_confidence_edges() -> 
     assert float(gap) == pytest.approx(adaece(probs, labels, 7), rel=1e-12)
 
 
+def test_validation_bins_do_not_depend_on_the_order_of_the_validation_set() -> None:
+    # confidences on a 0.1 lattice: ties straddle every group boundary
+    g = torch.Generator().manual_seed(3)
+    conf = torch.randint(3, 10, (300,), generator=g).double() / 10
+    probs = torch.cat([conf[:, None], ((1 - conf) / 9)[:, None].expand(-1, 9)], 1)
+    labels = torch.where(torch.rand(300, generator=g) < conf, 0, 1)
+    ref = F_cal.validation_bins(probs, labels, 7)
+    accs = set()
+    for seed in range(4):
+        perm = torch.randperm(300, generator=torch.Generator().manual_seed(seed))
+        bins = F_cal.validation_bins(probs[perm], labels[perm], 7)
+        for a, b in zip(bins, ref, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
+        accs.add(tuple(bins.acc.tolist()))
+    assert len(accs) == 1
+    # tied confidences really straddle group boundaries (the case the rule is for)
+    sc = conf.sort().values
+    starts = torch.cumsum(ref.counts.long(), 0)[:-1]
+    assert bool((sc[starts - 1] == sc[starts]).any())
+    # hand example: (.1, wrong) ×3, (.1, right), (.7, right), 2 bins of sizes [3, 2]: the tied
+    # .1's are ordered wrong-first, so bin 0 holds the three wrong ones whatever the input order
+    pairs = [(0.1, 0), (0.1, 1), (0.1, 0), (0.1, 0), (0.7, 1)]
+    for rot in range(5):
+        pr = pairs[rot:] + pairs[:rot]
+        c = torch.tensor([p for p, _ in pr], dtype=torch.float64)
+        pb = torch.cat([c[:, None], ((1 - c) / 9)[:, None].expand(-1, 9)], 1)
+        y = torch.tensor([0 if ok else 1 for _, ok in pr])
+        bins = F_cal.validation_bins(pb, y, 2)
+        assert bins.acc.tolist() == [0.0, 1.0] and bins.edges.tolist() == [0.1]
+
+
 def test_update_needs_a_sample_per_bin_and_probabilities() -> None:
     loss = build_loss("adafocal", n_bins=15)
     probs, labels = _val_set(0.9, 0.5, n=10)
@@ -108,6 +143,20 @@ def test_initial_bins_are_equal_width() -> None:
     assert loss.edges.tolist() == [0.25, 0.5, 0.75]
     assert loss.gammas.tolist() == [2.5] * 4
     assert build_loss("adafocal", n_bins=1).edges.numel() == 0
+
+
+@pytest.mark.parametrize("n_bins", [10, 15, 20, 100])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_initial_edges_are_exactly_k_over_n_in_every_dtype(n_bins: int, dtype) -> None:
+    # the float nearest to k/n is the edge: p_y written as k/n sits on edge k (upper bin,
+    # [e_b, e_{b+1})) in float32 and float64 alike; torch.linspace's edges are off by an ulp
+    loss = build_loss("adafocal", n_bins=n_bins)
+    assert loss.edges.tolist() == [k / n_bins for k in range(1, n_bins)]
+    on = torch.tensor([k / n_bins for k in range(1, n_bins)], dtype=dtype)
+    sched = Schedule(torch.arange(n_bins, dtype=torch.float64), loss.edges)
+    assert sched.select(on).tolist() == list(range(1, n_bins))
+    below = torch.nextafter(on, torch.zeros_like(on))
+    assert sched.select(below).tolist() == list(range(n_bins - 1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -204,7 +253,11 @@ def test_update_cost_is_vectorised() -> None:
     assert (time.perf_counter() - t0) / 5 < 0.5
 
 
-@pytest.mark.parametrize("name", ["adafocal", "adadual_focal", "calfocal"])
+def test_the_registry_lists_the_three_adaptive_losses() -> None:
+    assert ADAPTIVE == ["adadual_focal", "adafocal", "calfocal"]
+
+
+@pytest.mark.parametrize("name", ADAPTIVE)
 def test_adaptive_interface(name: str) -> None:
     assert build_loss(name).update_every == "epoch"
     loss = build_loss(name, n_bins=3, update_every=25)

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from calibtune.losses import build_loss
+
 REPO = Path(__file__).resolve().parents[1]
 
 WORKER = r"""
@@ -78,5 +80,22 @@ def test_broadcast_state_makes_two_gloo_ranks_identical(tmp_path: Path) -> None:
     assert r0["state"]["_extra_state"] == r1["state"]["_extra_state"]
     assert r0["history"] == r1["history"] and len(r0["history"]) == 3
     assert torch.equal(r0["loss"], r1["loss"])
-    # round 3 came from rank 1's shard, round 1 from rank 0's
+    # round 1 came from rank 0's shard, round 3 from rank 1's: replay both in this process
     assert r0["history"][0]["gammas"] == r0["before"]["gammas"].tolist()
+    replay = build_loss("adafocal", n_bins=5)
+    replay.update(*_val(100))  # rank 0's round-1 shard (broadcast from rank 0)
+    replay.update(*_val(7))  # round 2: rank 0 only
+    replay.update(*_val(201))  # round 3: rank 1's shard (broadcast from rank 1)
+    assert r0["history"] == replay.history
+    assert torch.equal(r0["state"]["gammas"], replay.gammas)
+    other = build_loss("adafocal", n_bins=5)
+    for seed in (100, 7, 200):  # had rank 0 been the round-3 source, this is what it would hold
+        other.update(*_val(seed))
+    assert other.history[2] != r0["history"][2]
+
+
+def _val(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The worker's ``val(seed)``: the same validation shard, built in this process."""
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(3 * torch.randn(300, 6, generator=g), dim=1)
+    return probs, torch.randint(0, 6, (300,), generator=g)

@@ -128,12 +128,134 @@ def test_permutation_invariance():
     perm = rng.permutation(300)
     a = M.calibration_report(probs=probs, labels=labels)
     b = M.calibration_report(probs=probs[perm], labels=labels[perm])
+    assert set(a) == set(M.REPORT_KEYS)
     for k in M.REPORT_KEYS:
-        if k in ("adaece", "ece_sweep", "ece_debiased", "smece"):
-            # equal-mass groups depend on order only among tied confidences (none here)
-            assert a[k] == pytest.approx(b[k], abs=1e-12), k
-        else:
-            assert a[k] == pytest.approx(b[k], abs=1e-12), k
+        assert a[k] == pytest.approx(b[k], abs=1e-12), k
+
+
+# -- edges exactly k/n in every dtype ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ece_issue_example_confidence_on_an_edge_goes_to_the_lower_bin(dtype):
+    # 20 bins; conf .55 (right), .55 (wrong), .58 (right). .55 is edge 11 -> bin (.5, .55]:
+    #   (.5, .55]: acc .5, conf .55 -> .05 x 2/3 ; (.55, .6]: acc 1, conf .58 -> .42 x 1/3
+    #   ECE = .1/3 + .42/3 = .173333 (scikit-learn, verified_calibration); the upper bin gave .10667
+    probs = torch.tensor([[0.45, 0.55], [0.45, 0.55], [0.42, 0.58]], dtype=dtype)
+    labels = torch.tensor([1, 0, 1])
+    assert M.ece(probs, labels, n_bins=20) == pytest.approx(0.52 / 3, abs=1e-6)
+
+
+def _nearest(k: int, n: int, dtype: torch.dtype) -> float:
+    """The value of ``dtype`` nearest to the exact k/n (checked with fractions)."""
+    from fractions import Fraction
+
+    v = torch.tensor(k / n, dtype=dtype)
+    exact = Fraction(k, n)
+    up = torch.nextafter(v, torch.tensor(2.0, dtype=dtype))
+    down = torch.nextafter(v, torch.tensor(-1.0, dtype=dtype))
+    err = abs(Fraction(float(v)) - exact)
+    assert err <= abs(Fraction(float(up)) - exact) and err <= abs(Fraction(float(down)) - exact)
+    return float(v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n_bins", [10, 15, 20, 100])
+def test_values_on_every_edge_fall_in_the_lower_bin(dtype, n_bins):
+    from calibtune.metrics._binning import equal_width_edges, equal_width_ids
+
+    edges = equal_width_edges(n_bins, dtype, torch.device("cpu"))
+    nearest = [_nearest(k, n_bins, dtype) for k in range(n_bins + 1)]
+    assert edges.tolist() == nearest
+    on = torch.tensor(nearest, dtype=dtype)
+    expected = torch.tensor([0, *range(n_bins)])  # 0 -> bin 0, k/n -> bin k-1
+    assert torch.equal(equal_width_ids(on, n_bins), expected)
+    above = torch.nextafter(on[:-1], torch.tensor(2.0, dtype=dtype))
+    assert torch.equal(equal_width_ids(above, n_bins), torch.arange(n_bins))
+    # through the public table: binary rows whose top confidence is each edge above 1/2
+    ks = [k for k in range(n_bins + 1) if 2 * k > n_bins]
+    conf = torch.tensor([k / n_bins for k in ks], dtype=dtype)
+    probs = torch.stack([conf, 1 - conf], 1)
+    table = M.reliability_table(probs, torch.zeros(len(ks), dtype=torch.long), n_bins=n_bins)
+    count = np.zeros(n_bins, dtype=int)
+    count[[k - 1 for k in ks]] = 1
+    np.testing.assert_array_equal(table["count"], count)
+    np.testing.assert_array_equal(table["upper"], [k / n_bins for k in range(1, n_bins + 1)])
+
+
+# -- equal-mass groups independent of the input order -----------------------------------------
+
+
+def _rows(pairs: list[tuple[float, int]], k: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """(top-label confidence, correct) pairs as (N, k) float64 probabilities and labels: the
+    top class is 0 (first maximum), the rest of the mass is spread evenly."""
+    conf = torch.tensor([c for c, _ in pairs], dtype=torch.float64)
+    rest = ((1 - conf) / (k - 1))[:, None].expand(-1, k - 1)
+    probs = torch.cat([conf[:, None], rest], 1)
+    labels = torch.tensor([0 if ok else 1 for _, ok in pairs])
+    return probs, labels
+
+
+def test_adaece_issue_example_is_order_independent():
+    import itertools
+
+    # (.1,0)(.1,1)(.1,0)(.1,0)(.7,1), 2 groups of sizes [3, 2]; ties sorted incorrect first:
+    #   (.1,0)(.1,0)(.1,0) | (.1,1)(.7,1) -> |0 − .3| + |2 − .8| = 1.5 -> AdaECE = 1.5/5 = .3
+    # (the input order used to decide: .18 as given, .30 with (.1,1) moved last)
+    pairs = [(0.1, 0), (0.1, 1), (0.1, 0), (0.1, 0), (0.7, 1)]
+    values = set()
+    for perm in itertools.permutations(range(5)):
+        probs, labels = _rows([pairs[i] for i in perm])
+        values.add(round(M.adaece(probs, labels, n_bins=2), 12))
+    assert values == {0.3}
+
+
+def _tied(seed: int, n: int = 600) -> tuple[np.ndarray, np.ndarray]:
+    """Confidences on a coarse grid (many ties across every group boundary)."""
+    rng = np.random.default_rng(seed)
+    conf = rng.integers(4, 10, size=n) / 10  # .4 … .9
+    pairs = [(float(c), int(rng.random() < c)) for c in conf]
+    probs, labels = _rows(pairs)
+    return probs.numpy(), labels.numpy()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_equal_mass_metrics_are_permutation_invariant_with_many_ties(seed):
+    probs, labels = _tied(seed)
+    rng = np.random.default_rng(100 + seed)
+    ref = M.calibration_report(probs=probs, labels=labels, n_bins=7)
+    ref_table = M.reliability_table(probs, labels, n_bins=7, binning="mass")
+    moved = []
+    for _ in range(5):
+        perm = rng.permutation(len(labels))
+        rep = M.calibration_report(probs=probs[perm], labels=labels[perm], n_bins=7)
+        for k in ("adaece", "ece_sweep", "ece_debiased"):
+            assert rep[k] == pytest.approx(ref[k], abs=1e-12), k
+        table = M.reliability_table(probs[perm], labels[perm], n_bins=7, binning="mass")
+        for k, v in ref_table.items():
+            np.testing.assert_allclose(table[k], v, atol=1e-12, err_msg=k)
+        # the old rule (stable sort on confidence alone) moves with the order on these inputs
+        moved.append(_adaece_stable_on_conf(probs[perm], labels[perm], 7))
+    assert max(moved) - min(moved) > 1e-3
+
+
+def _adaece_stable_on_conf(probs: np.ndarray, labels: np.ndarray, n_bins: int) -> float:
+    conf, correct = probs.max(1), (probs.argmax(1) == labels).astype(float)
+    order = np.argsort(conf, kind="stable")
+    groups = zip(
+        np.array_split(conf[order], n_bins), np.array_split(correct[order], n_bins), strict=True
+    )
+    return sum(abs(a.sum() - c.sum()) for c, a in groups) / len(conf)
+
+
+def test_adaece_without_ties_is_numpy_array_split_of_the_stable_sort():
+    # on tie-free data the tie rule changes nothing: the plain reference of the seed code
+    rng = np.random.default_rng(21)
+    probs = rng.dirichlet(np.ones(4), size=1001)
+    labels = rng.integers(0, 4, size=1001)
+    assert len(np.unique(probs.max(1))) == 1001
+    ours = M.adaece(probs, labels, n_bins=15)
+    assert ours == pytest.approx(_adaece_stable_on_conf(probs, labels, 15), abs=1e-12)
 
 
 def test_ece_matches_torchmetrics_l1():
@@ -253,11 +375,31 @@ def test_reliability_table_width_and_mass():
     assert ada == pytest.approx(M.adaece(FIVE_PROBS, FIVE_LABELS, n_bins=2), abs=1e-12)
 
 
-def test_float32_inputs_and_device_preserved():
-    probs = torch.softmax(torch.randn(100, 4), 1)
-    labels = torch.randint(0, 4, (100,))
-    rep = M.calibration_report(probs=probs, labels=labels)
-    assert all(isinstance(v, float) for v in rep.values())
+def test_float32_inputs_agree_with_float64():
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(2000, 4, generator=g) * 3, 1)
+    labels = torch.randint(0, 4, (2000,), generator=g)
+    rep32 = M.calibration_report(probs=probs, labels=labels)
+    rep64 = M.calibration_report(probs=probs.double(), labels=labels)
+    assert all(type(v) is float for v in rep32.values())
+    for k in M.REPORT_KEYS:
+        assert rep32[k] == pytest.approx(rep64[k], abs=1e-6), k
+    assert rep32["ece"] > 0.01  # a non-trivial value, not two zeros
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_metrics_on_cuda_equal_cpu():
+    g = torch.Generator().manual_seed(1)
+    probs = torch.softmax(torch.randn(3000, 10, generator=g) * 3, 1)
+    labels = torch.randint(0, 10, (3000,), generator=g)
+    cpu = M.calibration_report(probs=probs, labels=labels)
+    gpu = M.calibration_report(probs=probs.cuda(), labels=labels.cuda())
+    for k in M.REPORT_KEYS:
+        assert gpu[k] == pytest.approx(cpu[k], abs=1e-9), k
+    table = M.reliability_table(probs.cuda(), labels.cuda(), binning="mass")
+    np.testing.assert_allclose(
+        table["gap"], M.reliability_table(probs, labels, binning="mass")["gap"]
+    )
 
 
 BAD_INPUTS = [

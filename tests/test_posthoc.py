@@ -5,6 +5,7 @@ Focal calibration / focal temperature scaling are tested in ``test_posthoc_focal
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -33,7 +34,9 @@ from calibtune.posthoc._temperature import ts_probs
 
 # Small grids keep the registry-wide contract tests fast; each entry's defaults are tested in
 # the method-specific tests below.
-FAST_PARAMS: dict[str, dict] = {"focal_ts": {"temperatures": [0.5, 1.0, 1.5, 2.0, 3.0]}}
+FAST_PARAMS: dict[str, dict] = {
+    name: {"temperatures": [0.5, 1.0, 1.5, 2.0, 3.0]} for name in ("focal_ts", "focal_ts_nll")
+}
 
 
 def planted(
@@ -58,7 +61,7 @@ def val_test() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def test_registry_names_and_lookup_errors() -> None:
-    assert list_posthoc() == ["ets", "focal_ts", "spline", "ts", "ts_nll"]
+    assert list_posthoc() == ["ets", "focal_ts", "focal_ts_nll", "spline", "ts", "ts_nll"]
     assert POSTHOC.names() == list_posthoc()
     with pytest.raises(ValueError, match=r"unknown post-hoc calibration method 'platt'.*ets.*ts"):
         build_posthoc("platt")
@@ -79,9 +82,15 @@ def test_registry_entries_declare_defaults_matching_the_classes() -> None:
         obj = entry.factory(**entry.defaults())
         assert isinstance(obj, PosthocCalibrator)
         assert obj.name == entry.name
-    assert build_posthoc("ts_nll").criterion == "nll"
+        # each declared default is the constructor's own default (one source of defaults)
+        signature = inspect.signature(type(obj).__init__).parameters
+        for p in entry.params:
+            assert signature[p.name].default == p.default, (entry.name, p.name)
+    assert build_posthoc("ts_nll").criterion == "nll" and not build_posthoc("ts_nll").on_grid
     assert build_posthoc("ts").criterion == "ece"
+    assert build_posthoc("ts").temperatures == DEFAULT_TEMPERATURES
     assert build_posthoc("focal_ts").criterion == "adaece"  # the seed's equal-mass ECE
+    assert build_posthoc("focal_ts_nll").criterion == "nll"
 
 
 # -- contract, generated from the registry ---------------------------------------------------
@@ -221,6 +230,47 @@ def test_ts_ties_go_to_the_smallest_temperature() -> None:
     # a user grid given in any order is searched ascending
     ts = TemperatureScaling(temperatures=[3.0, 0.7, 2.0, 0.7]).fit(z, y)
     assert ts.temperatures == (0.7, 2.0, 3.0) and ts.T == 0.7
+
+
+def test_ts_on_focal_ts_grid_is_focal_ts_with_gamma_zero() -> None:
+    # Komisarenko & Kull §5.1: TS "selected over the same values grid and same choice criteria"
+    from calibtune.posthoc import DEFAULT_FOCAL_TEMPERATURES, FocalTemperatureScaling
+
+    zv, yv = planted(1500, 10, 1.7, seed=8)
+    for criterion in ("adaece", "nll"):
+        name = "ts" if criterion == "adaece" else "ts_nll"
+        params = {"criterion": criterion} if name == "ts" else {}
+        ts = build_posthoc(name, t_grid="focal_ts", **params).fit(zv, yv)
+        assert ts.temperatures == DEFAULT_FOCAL_TEMPERATURES and ts.grid.numel() == 500
+        fts = FocalTemperatureScaling(criterion=criterion, gammas=[0.0]).fit(zv, yv)
+        assert ts.T == fts.T and fts.gamma_ev == 0.0
+        # focal TS evaluates in float32 (log space for nll), TS's nll grid in float64
+        torch.testing.assert_close(ts.curve, fts.curve[0], atol=1e-7, rtol=1e-6)
+    # the NLL grid curve is the metric's NLL at every grid point
+    ts = build_posthoc("ts_nll", temperatures=[0.5, 1.0, 1.7, 3.0]).fit(zv, yv)
+    for t, v in zip(ts.temperatures, ts.curve.tolist(), strict=True):
+        assert v == pytest.approx(M.nll(torch.softmax(zv.double() / t, 1), yv), abs=1e-12)
+    assert ts.T == 1.7
+    with pytest.raises(ValueError, match=r"expected at most one of t_grid and temperatures"):
+        build_posthoc("ts", t_grid="focal_ts", temperatures=[1.0])
+    with pytest.raises(ValueError, match=r"ts: t_grid: expected one of 'ts', 'focal_ts', got 'x'"):
+        build_posthoc("ts", t_grid="x")
+
+
+@pytest.mark.parametrize("name", ["ts", "focal_ts"])
+def test_equal_mass_fit_is_independent_of_the_validation_order(name: str) -> None:
+    # 30 distinct logit rows repeated: every confidence is tied many times across group edges
+    zv, _ = planted(30, 5, 1.5, seed=9)
+    idx = torch.randint(0, 30, (900,), generator=torch.Generator().manual_seed(1))
+    z, y = zv[idx], torch.randint(0, 5, (900,), generator=torch.Generator().manual_seed(2))
+    params = {"criterion": "adaece", **FAST_PARAMS.get(name, {})}
+    ref = build_posthoc(name, **params).fit(z, y)
+    for seed in range(3):
+        perm = torch.randperm(900, generator=torch.Generator().manual_seed(seed))
+        other = build_posthoc(name, **params).fit(z[perm], y[perm])
+        assert other.params() == ref.params()
+        # float32 maps may differ by an ulp with a row's position (vectorised vs scalar exp)
+        torch.testing.assert_close(other.curve, ref.curve, atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize("t_true", [0.6, 2.0])

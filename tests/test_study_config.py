@@ -55,13 +55,14 @@ MALFORMED = [
     (_with("name", _DROP), r"name: expected a name of letters"),
     (
         _with("name", "my study!"),
-        r"name: expected a name of letters, digits, _.- , got 'my study!'",
+        r"name: expected a name of letters, digits, _.- \(starting with a letter or digit, "
+        r"≤ 100 chars\), got 'my study!'",
     ),
     (_with("serch", {}), r"serch: unknown key; expected one of name, description, trial"),
     (_with("trial.loss", {"name": "focal"}), r"trial.loss: unknown key; the losses to compare"),
     (
         _with("trial.train.epochs", "ten"),
-        r"trial.train.epochs: expected an integer >= 1, got 'ten'",
+        r"trial.train.epochs: expected an integer in \[1, 100000\], got 'ten'",
     ),
     (_with("trial.data.name", "cifar11"), r"trial.data.name: expected one of .*cifar10"),
     (_with("losses", []), r"losses: expected a non-empty list of losses, got \[\]"),
@@ -97,7 +98,7 @@ MALFORMED = [
     ),
     (
         _with("losses.1", {"name": "focal", "space": "nowhere/focal.yaml"}),
-        r"nowhere/focal.yaml: expected a YAML file, found nothing at that path",
+        r"nowhere/focal.yaml: expected a search-space file, found nothing at that path",
     ),
     (
         _with("search.num_samples", "ten"),
@@ -121,7 +122,7 @@ MALFORMED = [
     (_with("search.sampler", "grid"), r"search.sampler: expected categorical distributions only"),
     (
         _with("tracking", {"experiment": 5}),
-        r"tracking.experiment: expected a non-empty string, got 5",
+        r"tracking.experiment: expected an experiment name of /-separated parts .* got 5",
     ),
     (
         _with("space", {"optimizer.lr": {"type": "float", "low": 0, "high": 0.1, "log": True}}),
@@ -129,7 +130,8 @@ MALFORMED = [
     ),
     (
         _with("space", {"train.epochs": {"type": "int", "low": 0, "high": 3}}),
-        r"space.train.epochs: value 0 is not valid here \(train.epochs: expected an integer >= 1",
+        r"space.train.epochs: value 0 is not valid here "
+        r"\(train.epochs: expected an integer in \[1,",
     ),
 ]
 
@@ -148,7 +150,7 @@ def test_malformed_study_gives_one_line_error_with_file(tmp_path, raw, match):
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ("name: [unclosed", r"x.yaml: not valid YAML"),
+        ("name: [unclosed", r"x.yaml: line \d+, column \d+: not valid YAML \(.*expected ','"),
         ("", r"x.yaml: expected a study mapping .* got an empty file"),
     ],
 )

@@ -10,11 +10,13 @@ import optuna
 import pytest
 import yaml
 
+from calibtune.metrics.keys import from_mlflow
 from calibtune.study import load_study
 from calibtune.study._config import SAMPLERS
-from calibtune.study._results import _metric_back, pareto_mask
-from calibtune.study._search import aggregate, conditional_grid, define_by_run, make_sampler
+from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
+from calibtune.study._results import pareto_mask
 from calibtune.study._tracking import mlflow_metric_name, resolve_tracking_uri
+from calibtune.study._trainable import aggregate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -193,9 +195,9 @@ def test_metric_names_round_trip_through_mlflow():
     for name in ("test/ece@ts", "val/ece@focal_ts", "ood/svhn/auroc_msp@ts", "test/ece@ts_std"):
         mapped = mlflow_metric_name(name)
         assert "@" not in mapped
-        assert _metric_back(mapped) == name
+        assert from_mlflow(mapped) == name
     for name in ("test/ece", "posthoc/ts/T", "adaptive/gammas/bin_03", "val/ece_std"):
-        assert _metric_back(mlflow_metric_name(name)) == name
+        assert from_mlflow(mlflow_metric_name(name)) == name
 
 
 def test_tracking_uri_is_made_absolute(tmp_path):

@@ -2,11 +2,12 @@
 
 ``build_loss(name, **params)`` returns an ``nn.Module`` whose ``forward(logits (B, K), targets
 (B,))`` gives the loss averaged over the batch (``reduction="mean"``; the seed papers' code sums,
-so their learning rates assume a sum). ``list_losses()`` names every loss; ``LOSSES`` is the
-`calibtune._registry.Registry` whose entries declare each loss's hyperparameters (defaults, valid
-ranges, ``searchable``). Adaptive losses (``adafocal``, ``adadual_focal``, ``calfocal``) have
-``adaptive = True``, ``update_every``, ``update(val_probs, val_labels)``, ``gammas``, ``edges``,
-``history``, ``state_dict()``/``load_state_dict()`` and ``broadcast_state(src)``.
+so a seed learning rate is lr × B here — see `calibtune.losses._reduce`). ``list_losses()``
+names every loss; ``LOSSES`` is the `calibtune._registry.Registry` whose entries declare each
+loss's hyperparameters (defaults, valid ranges, ``searchable``). Adaptive losses (``adafocal``,
+``adadual_focal``, ``calfocal``) have ``adaptive = True``, ``update_every``,
+``update(val_probs, val_labels)``, ``gammas``, ``edges``, ``history``,
+``state_dict()``/``load_state_dict()`` and ``broadcast_state(src)``.
 The pure functions are in `calibtune.losses.functional`. See docs/losses.md for the table.
 """
 

@@ -6,12 +6,14 @@ loop updates from cached validation probabilities with ``update()``.
 
 Conventions:
 
-* Initial bins are equal-width with inner edges i/M (Algorithm 1, line 3) and γ = ``gamma_init``.
+* Initial bins are equal-width with inner edges exactly i/M (i/M divided in float64 and rounded
+  once to p_y's dtype, as the metrics' edges; Algorithm 1, line 3) and γ = ``gamma_init``.
 * Training samples are binned by their true-class probability p_y: bin b = [e_b, e_{b+1}), the
   first open below and the last open above (so p_y equal to an edge goes to the upper bin).
 * ``update`` re-bins the validation set into equal-mass groups of top-label confidence with
-  exactly `calibtune.metrics.adaece`'s grouping (stable ascending sort, ``numpy.array_split``
-  sizes, every sample counted); the inner edge between groups b−1 and b is the smallest confidence
+  exactly `calibtune.metrics.adaece`'s grouping (sort by confidence, tied confidences incorrect
+  first, ``numpy.array_split`` sizes, every sample counted), so the bins do not depend on the
+  order of the validation set; the inner edge between groups b−1 and b is the smallest confidence
   in group b. E_b = C_val,b − A_val,b (mean confidence − accuracy) drives the rule.
 * State and arithmetic are float64; ``state_dict()`` round-trips exactly and loads with
   ``torch.load(weights_only=True)``.
@@ -79,9 +81,10 @@ def validation_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int) -> Validat
             f"equal-mass bin), got {n}"
         )
     conf, pred = p.max(dim=1)
-    order, ids = equal_mass_sort(conf, n_bins)
+    correct = pred == y
+    order, ids = equal_mass_sort(conf, correct, n_bins)
     conf64 = conf.to(_F64)
-    counts, conf_sum, acc_sum = bin_stats(ids, conf64, (pred == y).to(_F64), n_bins)
+    counts, conf_sum, acc_sum = bin_stats(ids, conf64, correct.to(_F64), n_bins)
     starts = list(itertools.accumulate(equal_mass_sizes(n, n_bins)))[:-1]
     edges = conf64[order[torch.tensor(starts, dtype=torch.long, device=p.device)]]
     return ValidationBins(edges, conf_sum / counts, acc_sum / counts, counts)

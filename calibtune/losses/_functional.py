@@ -5,8 +5,9 @@ Conventions shared by every function here:
 * ``log p`` comes from ``log_softmax`` (never ``log(softmax)``) and nothing is clamped: every loss
   and its gradient are finite for any finite logits, including p_y rounding to exactly 1.
 * ``reduction="mean"`` (default) averages over the batch; ``"sum"`` and ``"none"`` (shape (B,))
-  are also accepted (`calibtune.losses._reduce`). The seed papers' code *sums* over the batch, so
-  their learning rates are per-sample-sum rates: divide by the batch size to reuse them here.
+  are also accepted (`calibtune.losses._reduce`). The seed papers' code *sums* over the batch,
+  so each of its SGD steps is B times the mean-reduction step at the same learning rate: the
+  mean-reduction equivalent of a seed learning rate lr is lr × B (see `calibtune.losses._reduce`).
 * Input checks look at shapes and dtypes only (no ``.item()``, no device sync), so they are cheap
   enough for every training step; hyperparameter ranges are checked with "expected X, got Y".
 * No per-sample Python loops; the γ of sample-dependent losses is chosen by ``torch.bucketize``.
@@ -293,29 +294,51 @@ def label_smoothing_loss(
     )
 
 
+MMCE_NORMALIZATIONS: tuple[str, ...] = ("kumar", "focal_calibration")
+
+
 def mmce_weighted(
-    logits: torch.Tensor, targets: torch.Tensor, bandwidth: float = 0.4
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    bandwidth: float = 0.4,
+    normalization: str = "kumar",
 ) -> torch.Tensor:
     """Weighted MMCE of a batch (Kumar et al. 2018, "Trainable Calibration Measures ..."), scalar.
 
     With r_i the top-label confidence, c_i its correctness, m = #correct, n = #incorrect and the
-    Laplacian kernel k(r, r') = exp(−|r − r'|/0.4)::
+    Laplacian kernel k(r, r') = exp(−|r − r'|/0.4), ``normalization="kumar"`` (default) is
+    Kumar et al.'s estimator::
 
         MMCE_w² = Σ_{i,j∈C} (1−r_i)(1−r_j)k_ij / m² + Σ_{i,j∈W} r_i r_j k_ij / n²
                   − 2 Σ_{i∈C, j∈W} (1−r_i) r_j k_ij / (mn)  =  vᵀ K v,
         v_i = (1 − r_i)/m for correct i,  −r_i/n for incorrect i.
 
-    It is 0 when either group is empty (as in the authors' code). The seed PyTorch port averages
-    each kernel sum over pairs *and* divides by m², n², mn, i.e. it is ~1/B² smaller: its λ values
-    do not transfer. Cost O(B²) memory and time.
+    ``normalization="focal_calibration"`` is the value of the seed code
+    (``Losses/mmce.py::MMCE_weighted`` of Mukhoti et al.'s focal_calibration repository, on
+    which their λ = 2 was tuned): each kernel sum is first averaged over its pairs and then
+    divided again by m², n², mn — the same vᵀ K v with v_i = (1 − r_i)/m² and −r_i/n² (without
+    the code's 1e-5 / 1e-10 guards). The three terms shrink by different factors, so the ratio
+    of the two is not a constant 1/B²: it depends on the batch's accuracy and confidences (at
+    B = 128 on random logits, Kumar's is 41–47× the seed's with 60 % of the batch correct and
+    5–11× with 90 %, see ``tests/test_losses.py``); λ values do not transfer between them.
+
+    It is 0 when either group is empty (as in the authors' code). Cost O(B²) memory and time.
     """
+    if normalization not in MMCE_NORMALIZATIONS:
+        raise ValueError(
+            "mmce_weighted: normalization: expected one of "
+            f"{', '.join(repr(x) for x in MMCE_NORMALIZATIONS)}, got {normalization!r}"
+        )
     probs = torch.softmax(logits, dim=1)
     conf, pred = probs.max(dim=1)
     correct = pred == targets
     n_correct = correct.sum()
     n_wrong = correct.numel() - n_correct
     # an empty group contributes nothing; clamping its count keeps 0/0 out of the unused branch
-    v = torch.where(correct, (1 - conf) / n_correct.clamp(min=1), -conf / n_wrong.clamp(min=1))
+    m_, n_ = n_correct.clamp(min=1), n_wrong.clamp(min=1)
+    if normalization == "focal_calibration":
+        m_, n_ = m_ * m_, n_ * n_
+    v = torch.where(correct, (1 - conf) / m_, -conf / n_)
     kernel = torch.exp(-(conf.unsqueeze(1) - conf.unsqueeze(0)).abs() / bandwidth)
     sq = v @ kernel @ v
     use = (n_correct > 0) & (n_wrong > 0) & (sq > 0)
@@ -324,10 +347,16 @@ def mmce_weighted(
 
 
 def mmce_loss(
-    logits: torch.Tensor, targets: torch.Tensor, lam: float, reduction: str = "mean"
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    lam: float,
+    reduction: str = "mean",
+    normalization: str = "kumar",
 ) -> torch.Tensor:
     """Cross-entropy + λ·MMCE_w (Kumar et al. 2018; a baseline in Mukhoti et al. 2020).
 
+    ``normalization`` selects Kumar et al.'s MMCE_w (default) or the seed code's
+    (``"focal_calibration"``, on which Mukhoti et al.'s λ = 2 was tuned); see `mmce_weighted`.
     MMCE is a batch-level term: ``"none"`` returns CE_i + λ·MMCE for every sample, so that
     ``"mean"`` = mean CE + λ·MMCE and ``"sum"`` = ``"mean"``·B like every other loss.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
@@ -336,4 +365,5 @@ def mmce_loss(
     lam = _check_number(lam, "lam", "mmce_loss", low=0.0)
     reduction = check_reduction(reduction)
     ce = F.cross_entropy(logits, targets, reduction="none")
-    return reduce_loss(ce + lam * mmce_weighted(logits, targets), reduction)
+    mmce = mmce_weighted(logits, targets, normalization=normalization)
+    return reduce_loss(ce + lam * mmce, reduction)

@@ -172,7 +172,23 @@ class LabelSmoothingLoss(CalibrationLoss):
 @register_loss(
     "mmce",
     params=[
-        Param("lam", 2.0, kind="float", low=0.0, doc="weight λ of MMCE_w (2 in Mukhoti et al.)")
+        Param(
+            "lam",
+            2.0,
+            kind="float",
+            low=0.0,
+            doc="weight λ of MMCE_w (2 in Mukhoti et al., tuned with normalization "
+            "'focal_calibration')",
+        ),
+        Param(
+            "normalization",
+            "kumar",
+            kind="categorical",
+            choices=F.MMCE_NORMALIZATIONS,
+            searchable=False,
+            doc="'kumar': Kumar et al.'s MMCE_w; 'focal_calibration': the seed code's, whose "
+            "kernel sums are divided by m², n², mn twice (Mukhoti et al.'s λ = 2 assumes it)",
+        ),
     ],
     summary="cross-entropy + λ·weighted MMCE, Laplacian kernel width 0.4 (Kumar et al. 2018)",
 )
@@ -180,4 +196,7 @@ class MMCELoss(CalibrationLoss):
     """Cross-entropy + λ·MMCE_w (`calibtune.losses.functional.mmce_loss`)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.mmce_loss(logits, targets, self.hparams["lam"], self.reduction)
+        h = self.hparams
+        return F.mmce_loss(
+            logits, targets, h["lam"], self.reduction, normalization=h["normalization"]
+        )

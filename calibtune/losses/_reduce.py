@@ -1,8 +1,15 @@
 """The one reduction convention shared by every loss.
 
 ``"mean"`` (default) averages the per-sample losses over the batch, ``"sum"`` adds them and
-``"none"`` returns them, shape (B,). The seed papers' code sums over the batch, so a learning rate
-copied from it must be divided by the batch size when used with ``"mean"``.
+``"none"`` returns them, shape (B,).
+
+Learning rates: the gradient of a sum over a batch of B samples is B times the gradient of the
+mean, so one SGD step of ``lr`` on the sum equals one step of ``lr × B`` on the mean. Code that
+sums over the batch (the seed papers' code does) therefore corresponds to ``reduction="mean"``
+with its learning rate *multiplied* by the batch size — not divided. The seed code also clips
+the gradient norm at 2 (not in the papers; ``train.grad_clip`` in a trial config). Exactly, with
+SGD + momentum + weight decay: lr·(clip_2(g_sum) + wd·θ) = (lr·B)·(clip_{2/B}(g_mean) + (wd/B)·θ),
+i.e. lr × B, grad_clip 2/B, weight_decay wd/B on the mean loss (docs/losses.md).
 """
 
 from __future__ import annotations

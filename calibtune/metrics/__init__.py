@@ -4,6 +4,7 @@ See `calibtune.metrics._calibration` for the binning conventions (they are part 
 and `calibtune.metrics._ood` for score orientation (OOD is the positive class).
 """
 
+from . import keys as keys
 from ._calibration import (
     REPORT_KEYS,
     adaece,

@@ -2,8 +2,9 @@
 
 Every function takes ``probs`` (N, K) — probabilities, never logits — and ``labels`` (N,) integer
 class indices, and returns a Python float as a fraction (not a percentage). Computation is
-vectorised torch on the device of ``probs``; bins are assigned in the input dtype (as the
-focal_calibration reference code does) and bin sums are accumulated in float64.
+vectorised torch on the device of ``probs``; bins are assigned in the input dtype against edges
+that are exactly k/n_bins in that dtype, equal-mass groups break confidence ties by correctness
+(both conventions in `calibtune.metrics._binning`), and bin sums are accumulated in float64.
 
 References:
     Guo et al. 2017, "On Calibration of Modern Neural Networks" (ECE, MCE, reliability diagrams).
@@ -25,6 +26,7 @@ from ._binning import (
     bin_stats,
     binned_gap,
     equal_mass_ids,
+    equal_mass_order,
     equal_mass_sizes,
     equal_width_edges,
     equal_width_ids,
@@ -65,9 +67,9 @@ class _Prepared:
 
     @property
     def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(confidences, correctness) in stable ascending-confidence order, float64."""
+        """(confidences, correctness) in the equal-mass order of `_binning`, float64."""
         if self._sorted is None:
-            order = torch.sort(self.conf, stable=True).indices
+            order = equal_mass_order(self.conf, self.correct)
             self._sorted = (self.conf64[order], self.correct64[order])
         return self._sorted
 
@@ -119,9 +121,11 @@ def _adaece(prep: _Prepared, n_bins: int) -> float:
 def adaece(probs: ArrayLike, labels: ArrayLike, n_bins: int = 15) -> float:
     """Adaptive (equal-mass) ECE.
 
-    Confidences are sorted ascending (stable) and split into ``n_bins`` contiguous groups whose
-    sizes differ by at most one, larger groups first (``numpy.array_split`` sizes); every sample is
-    counted exactly once (unlike the focal_calibration reference, which drops the minimum).
+    Samples are sorted by confidence ascending — tied confidences with the incorrect samples first,
+    so the value never depends on the input order — and split into ``n_bins`` contiguous groups
+    whose sizes differ by at most one, larger groups first (``numpy.array_split`` sizes); every
+    sample is counted exactly once (unlike the focal_calibration reference, which drops the
+    minimum).
     AdaECE = Σ_g |G_g|/N · |acc_g − conf_g|. Mukhoti et al. 2020, "Calibrating Deep Neural
     Networks using Focal Loss" (ECE_EM in Ghosh et al. 2022).
     """
@@ -283,7 +287,7 @@ def ece_sweep(probs: ArrayLike, labels: ArrayLike, p: float = 1.0) -> float:
     The number of bins b* is the largest b (sweeping b = 1, 2, … and stopping at the first b whose
     equal-mass bin accuracies are not non-decreasing in confidence) and
     ECE_SWEEP = (Σ_b |B_b|/N · |acc_b − conf_b|^p)^{1/p} at b*. Groups follow ``adaece``
-    (``array_split`` sizes of the stably sorted confidences). ``p=1`` (default) is comparable with
+    (``array_split`` sizes; tied confidences incorrect first). ``p=1`` (default) is comparable with
     ECE; Roelofs et al. also use ``p=2``.
     """
     pr, y = check_probs_labels(probs, labels)

@@ -5,14 +5,16 @@ fitted parameters as attributes and via ``params() -> dict[str, float]``,
 ``calibrate(logits) -> probs`` (torch in, torch out, same device). One inference pass over the
 validation split serves every method. Methods are named through the `POSTHOC` registry:
 
-=========  ==================================================================================
-``ts``       `TemperatureScaling` — grid T ∈ {0.1, …, 10}, validation ECE (Mukhoti et al. 2020)
-``ts_nll``   `TemperatureScaling` with ``criterion="nll"`` — T minimising validation NLL
-``focal_ts`` `FocalTemperatureScaling` — focal calibration map on softmax(z/T) (Komisarenko &
-             Kull 2024)
-``ets``      `EnsembleTemperatureScaling` (Zhang et al. 2020, Mix-n-Match)
-``spline``   `SplineCalibration` (Gupta et al. 2021)
-=========  ==================================================================================
+================  ===========================================================================
+``ts``            `TemperatureScaling` — grid T ∈ {0.1, …, 10}, validation ECE (Mukhoti et al.
+                  2020); ``criterion``/``t_grid`` select Ghosh's or Komisarenko's protocol
+``ts_nll``        `TemperatureScaling` with ``criterion="nll"`` — T minimising validation NLL
+``focal_ts``      `FocalTemperatureScaling` — focal calibration map on softmax(z/T)
+                  (Komisarenko & Kull 2024), (γ_ev, T) on validation equal-mass ECE
+``focal_ts_nll``  `FocalTemperatureScaling` with ``criterion="nll"``
+``ets``           `EnsembleTemperatureScaling` (Zhang et al. 2020, Mix-n-Match)
+``spline``        `SplineCalibration` (Gupta et al. 2021)
+================  ===========================================================================
 """
 
 from ._base import PosthocCalibrator
@@ -25,13 +27,14 @@ from ._focal import (
 )
 from ._registry import POSTHOC, build_posthoc, list_posthoc
 from ._spline import SplineCalibration
-from ._temperature import DEFAULT_TEMPERATURES, TemperatureScaling
+from ._temperature import DEFAULT_TEMPERATURES, TEMPERATURE_GRIDS, TemperatureScaling
 
 __all__ = [
     "DEFAULT_FOCAL_TEMPERATURES",
     "DEFAULT_GAMMAS",
     "DEFAULT_TEMPERATURES",
     "POSTHOC",
+    "TEMPERATURE_GRIDS",
     "EnsembleTemperatureScaling",
     "FocalTemperatureScaling",
     "PosthocCalibrator",

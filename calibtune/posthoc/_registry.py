@@ -23,8 +23,8 @@ POSTHOC.add(
 POSTHOC.add(
     "ts_nll",
     lambda **kw: TemperatureScaling(criterion="nll", **kw),
-    params=tuple(p for p in TS_PARAMS if p.name in ("t_min", "t_max")),
-    summary="temperature scaling; T minimising validation NLL over log T",
+    params=tuple(p for p in TS_PARAMS if p.name in ("t_grid", "temperatures", "t_min", "t_max")),
+    summary="temperature scaling; T minimising validation NLL over log T (or over a grid)",
 )
 POSTHOC.add(
     "focal_ts",
@@ -32,6 +32,13 @@ POSTHOC.add(
     params=FOCAL_TS_PARAMS,
     summary="focal temperature scaling (Komisarenko & Kull 2024); (γ_ev, T) on validation "
     "equal-mass ECE",
+)
+POSTHOC.add(
+    "focal_ts_nll",
+    lambda **kw: FocalTemperatureScaling(criterion="nll", **kw),
+    params=tuple(p for p in FOCAL_TS_PARAMS if p.name in ("gammas", "temperatures")),
+    summary="focal temperature scaling with (γ_ev, T) on validation NLL (Komisarenko & Kull "
+    "2024's log-loss criterion)",
 )
 POSTHOC.add(
     "ets",

@@ -1,11 +1,14 @@
 """Temperature scaling: p = softmax(z / T) with one scalar T > 0 fitted on validation logits.
 
-Protocol of the seed papers (Mukhoti et al. 2020, "Calibrating Deep Neural Networks using Focal
-Loss"; Ghosh et al. 2022, "AdaFocal"): grid T ∈ {0.1, 0.2, …, 10.0}, keep the T that minimises
-the validation ECE (15 equal-width bins), ties going to the smallest T. ``criterion="adaece"``
-selects on equal-mass ECE instead (AdaFocal's ECE_EM); ``criterion="nll"`` minimises the
-validation NLL over log T (Guo et al. 2017, "On Calibration of Modern Neural Networks").
-Temperature scaling never changes the argmax.
+Protocols of the seed papers, all on the grid T ∈ {0.1, 0.2, …, 10.0} with ties going to the
+smallest T: Mukhoti et al. 2020 (§5, "Temperature Scaling") keep the T minimising the validation
+ECE (15 equal-width bins, ``criterion="ece"``, the default); Ghosh et al. 2022 (§6 and Table 1)
+the T minimising the validation ECE_EM (15 equal-mass bins, ``criterion="adaece"``; their
+appendix tables select on equal-width ECE). Komisarenko & Kull 2024 (§5.1) compare focal TS with
+TS "selected over the same values grid and same choice criteria": ``t_grid="focal_ts"``
+({0.01, 0.02, …, 5.00}) with ``criterion="adaece"`` or ``"nll"``. ``criterion="nll"`` without a
+grid minimises the validation NLL continuously over log T (Guo et al. 2017). Temperature scaling
+never changes the argmax.
 """
 
 from __future__ import annotations
@@ -23,6 +26,13 @@ from ._grid import binned_criterion_grid, first_minimum
 
 # T = k/10, k = 1..100, each the double nearest to k/10 (not accumulated by repeated += 0.1).
 DEFAULT_TEMPERATURES: tuple[float, ...] = tuple(k / 10 for k in range(1, 101))
+# T = k/100, k = 1..500 (Komisarenko & Kull's "0.01 to 5 with a step of 0.01"), exact k/100.
+DEFAULT_FOCAL_TEMPERATURES: tuple[float, ...] = tuple(k / 100 for k in range(1, 501))
+# The named grids a study may select with ``t_grid:`` (focal TS's default grid is "focal_ts").
+TEMPERATURE_GRIDS: dict[str, tuple[float, ...]] = {
+    "ts": DEFAULT_TEMPERATURES,
+    "focal_ts": DEFAULT_FOCAL_TEMPERATURES,
+}
 
 # Elements of the (chunk, N, K) intermediate per grid chunk: 2**20 float32 = 4 MiB, small
 # enough to stay in cache (measured ~3x faster than 32 MiB chunks on 5k x 100).
@@ -39,13 +49,22 @@ TS_PARAMS: tuple[Param, ...] = (
     ),
     Param("n_bins", 15, kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
     Param(
+        "t_grid",
+        None,
+        kind="categorical",
+        choices=tuple(TEMPERATURE_GRIDS),
+        searchable=False,
+        doc="named grid of T: ts = {0.1, …, 10.0} (Mukhoti, Ghosh), focal_ts = {0.01, …, 5.00} "
+        "(Komisarenko & Kull); None = ts for ece/adaece, continuous for nll",
+    ),
+    Param(
         "temperatures",
         None,
         kind="float_list",
         low=0.0,
         low_open=True,
         searchable=False,
-        doc="grid of T for ece/adaece; None = {0.1, 0.2, …, 10.0}",
+        doc="explicit grid of T (instead of t_grid); with nll it makes the search a grid search",
     ),
     Param("t_min", 0.01, low=0.0, low_open=True, searchable=False, doc="lower bound of T (nll)"),
     Param("t_max", 100.0, low=0.0, low_open=True, searchable=False, doc="upper bound of T (nll)"),
@@ -129,6 +148,25 @@ def fit_temperature_nll(
     return math.exp(float(res.x)), float(res.fun)
 
 
+def nll_grid(
+    logits: torch.Tensor, labels: torch.Tensor, temperatures: torch.Tensor
+) -> torch.Tensor:
+    """Mean validation NLL of softmax(z / T) for every T: (N, K), (N,), (G,) -> (G,) float64.
+
+    Computed in float64 like `ts_nll`, at most `CHUNK_ELEMS` elements per chunk of T's.
+    """
+    z64 = logits.to(torch.float64)
+    betas = 1.0 / temperatures.to(torch.float64)
+    n, k = z64.shape
+    out = torch.empty(betas.numel(), dtype=torch.float64, device=z64.device)
+    step = max(1, CHUNK_ELEMS // (n * k))
+    idx = labels[None, :, None]
+    for lo in range(0, betas.numel(), step):
+        lp = torch.log_softmax(z64 * betas[lo : lo + step, None, None], dim=-1)
+        out[lo : lo + step] = -lp.gather(-1, idx.expand(lp.shape[0], n, 1)).mean(dim=(1, 2))
+    return out
+
+
 def temperature_grid(temperatures: Any, default: tuple[float, ...]) -> tuple[float, ...]:
     """Sorted, de-duplicated grid so that the first minimum is the smallest T."""
     return tuple(sorted(set(default if temperatures is None else temperatures)))
@@ -137,18 +175,21 @@ def temperature_grid(temperatures: Any, default: tuple[float, ...]) -> tuple[flo
 class TemperatureScaling(PosthocCalibrator):
     """p = softmax(z / T), T chosen on validation.
 
-    ``criterion="ece"`` (default, the seeds' protocol): T from the grid (default
-    {0.1, …, 10.0}, T = k/10 exactly) minimising the 15-bin equal-width ECE of
-    `calibtune.metrics.ece`; ties (within a 1e-12 relative tolerance) go to the smallest T.
-    ``criterion="adaece"``: same grid, equal-mass ECE (`calibtune.metrics.adaece`).
-    ``criterion="nll"``: T minimising the validation NLL over log T ∈ [t_min, t_max].
+    ``criterion="ece"`` (default, Mukhoti et al.'s protocol): T from the grid minimising the
+    15-bin equal-width ECE of `calibtune.metrics.ece`; ``criterion="adaece"``: the equal-mass
+    ECE of `calibtune.metrics.adaece` (Ghosh et al.'s ECE_EM). The grid is ``temperatures`` if
+    given, else the named ``t_grid`` (default "ts" = {0.1, …, 10.0}, T = k/10 exactly). Ties
+    (within a 1e-12 relative tolerance) go to the smallest T. ``criterion="nll"``: T minimising
+    the validation NLL — over the grid when ``t_grid`` or ``temperatures`` is given (Komisarenko &
+    Kull's "same grid and same choice criteria"), else continuously over log T ∈ [t_min, t_max].
 
     Fitted attributes: ``T`` (float), ``criterion_value`` (validation criterion at ``T``),
-    ``grid`` and ``curve`` (grid criteria: the candidate T's and their criterion, float64 CPU
-    tensors; empty for nll).
+    ``grid`` and ``curve`` (grid searches: the candidate T's and their criterion, float64 CPU
+    tensors; empty for the continuous nll search).
 
     Shapes: fit(val_logits (N, K), val_labels (N,)); calibrate(logits (M, K)) -> (M, K).
-    References: Guo et al. 2017; Mukhoti et al. 2020 (grid, validation ECE).
+    References: Guo et al. 2017; Mukhoti et al. 2020 (grid, validation ECE); Ghosh et al. 2022
+    (ECE_EM); Komisarenko & Kull 2024, §5.1.
     """
 
     name = "ts"
@@ -157,6 +198,7 @@ class TemperatureScaling(PosthocCalibrator):
         self,
         criterion: str = "ece",
         n_bins: int = 15,
+        t_grid: str | None = None,
         temperatures: Any = None,
         t_min: float = 0.01,
         t_max: float = 100.0,
@@ -168,19 +210,32 @@ class TemperatureScaling(PosthocCalibrator):
             dict(
                 criterion=criterion,
                 n_bins=n_bins,
+                t_grid=t_grid,
                 temperatures=temperatures,
                 t_min=t_min,
                 t_max=t_max,
             ),
         )
+        owner = type(self).__name__
         if cfg["t_min"] >= cfg["t_max"]:
             raise ValueError(
-                f"{type(self).__name__}: expected t_min < t_max, got t_min={cfg['t_min']!r}, "
+                f"{owner}: expected t_min < t_max, got t_min={cfg['t_min']!r}, "
                 f"t_max={cfg['t_max']!r}"
+            )
+        if cfg["t_grid"] is not None and cfg["temperatures"] is not None:
+            raise ValueError(
+                f"{owner}: expected at most one of t_grid and temperatures, got t_grid="
+                f"{cfg['t_grid']!r} and temperatures"
             )
         self.criterion: str = cfg["criterion"]
         self.n_bins: int = cfg["n_bins"]
-        self.temperatures = temperature_grid(cfg["temperatures"], DEFAULT_TEMPERATURES)
+        # nll without a grid: continuous search; every other case: a grid search
+        self.t_grid: str | None = cfg["t_grid"]
+        self.on_grid = self.criterion != "nll" or (
+            cfg["t_grid"] is not None or cfg["temperatures"] is not None
+        )
+        default = TEMPERATURE_GRIDS[cfg["t_grid"] or "ts"]
+        self.temperatures = temperature_grid(cfg["temperatures"], default)
         self.t_min: float = cfg["t_min"]
         self.t_max: float = cfg["t_max"]
         if self.criterion == "nll":
@@ -192,12 +247,15 @@ class TemperatureScaling(PosthocCalibrator):
         self.curve = torch.empty(0, dtype=torch.float64)
 
     def _fit(self, z: torch.Tensor, y: torch.Tensor) -> None:
-        if self.criterion == "nll":
+        if not self.on_grid:
             self.T, self.criterion_value = fit_temperature_nll(z, y, self.t_min, self.t_max)
             return
         temps = torch.tensor(self.temperatures, dtype=torch.float64, device=z.device)
-        conf, correct = ts_top_label_grid(z, y, temps)
-        curve = binned_criterion_grid(self.criterion, conf, correct, self.n_bins).cpu()
+        if self.criterion == "nll":
+            curve = nll_grid(z, y, temps).cpu()
+        else:
+            conf, correct = ts_top_label_grid(z, y, temps)
+            curve = binned_criterion_grid(self.criterion, conf, correct, self.n_bins).cpu()
         best = first_minimum(curve)
         self.T = self.temperatures[best]
         self.criterion_value = float(curve[best])

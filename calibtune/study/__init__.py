@@ -6,6 +6,7 @@ Ray Tune's `OptunaSearch` over the trial engine; `resume_study` restores an inte
 """
 
 from ._config import Objective, SearchConfig, StudyConfig, StudyError, load_study, parse_study
+from ._optuna import define_by_run
 from ._results import (
     StudyNotFoundError,
     compare_table,
@@ -14,9 +15,11 @@ from ._results import (
     report_table,
     trials_frame,
 )
-from ._search import define_by_run, resume_study, run_study, trial_dict
+from ._search import StudyOutcome, resume_study, run_study
 from ._spaces import LossSpace, Space, SpaceError, load_loss_space, parse_loss_space
+from ._studydir import StudyDir, StudyDirError, StudyLockedError
 from ._tracking import default_tracking_uri, mlflow_metric_name
+from ._trainable import trial_dict
 
 __all__ = [
     "LossSpace",
@@ -25,8 +28,12 @@ __all__ = [
     "Space",
     "SpaceError",
     "StudyConfig",
+    "StudyDir",
+    "StudyDirError",
     "StudyError",
+    "StudyLockedError",
     "StudyNotFoundError",
+    "StudyOutcome",
     "compare_table",
     "default_tracking_uri",
     "define_by_run",

@@ -22,16 +22,18 @@ from typing import Any
 
 
 @contextmanager
-def _usage() -> Iterator[None]:
-    """Turn bad-input exceptions into the CLI's one-line exit-2 errors."""
-    from calibtune.cli import _UsageError
+def _usage(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Turn bad-input exceptions into the CLI's one-line exit-2 errors (`bad_input_message`);
+    ``CALIBTUNE_DEBUG=1`` re-raises them with their traceback, for bug reports."""
+    from calibtune.cli import _UsageError, bad_input_message
 
     try:
         yield
-    except (FileNotFoundError, ValueError) as exc:
-        if os.environ.get("CALIBTUNE_DEBUG"):  # the full traceback, for bug reports
+    except Exception as exc:
+        message = bad_input_message(exc, path)
+        if message is None or os.environ.get("CALIBTUNE_DEBUG"):
             raise
-        raise _UsageError(str(exc)) from None
+        raise _UsageError(message) from None
 
 
 def _common_tracking(p: argparse.ArgumentParser) -> None:
@@ -78,7 +80,11 @@ def _print_outcome(outcome: Any) -> None:
 
     ref = locate_study(outcome.storage)
     table = compare_table(ref)
-    print(f"\nstudy {outcome.name}: {len(table)} finished trials (best first)")
+    c = outcome.counts
+    print(
+        f"\nstudy {outcome.name}: {c.get('finished', 0)} finished, {c.get('failed', 0)} failed, "
+        f"{c.get('stopped', 0)} stopped early, {c.get('unfinished', 0)} not run (best first)"
+    )
     if not table.empty:
         print(format_table(table, "markdown"))
     print(
@@ -89,10 +95,37 @@ def _print_outcome(outcome: Any) -> None:
     print(f"export the best config:     calibtune export {outcome.storage} --top 1")
 
 
+def _exit_code(outcome: Any) -> int:
+    """0 only when every trial ended (finished, failed with its reason, or stopped early by the
+    scheduler) and at least one finished; 130/143 after SIGINT/SIGTERM (state saved)."""
+    from calibtune.study._search import SIGNAL_EXIT
+
+    resume = f"`calibtune resume {outcome.storage}`"
+    if outcome.stopped_by in SIGNAL_EXIT:
+        print(
+            f"calibtune: study {outcome.name} stopped by {outcome.stopped_by}; its state is "
+            f"saved: continue it with {resume}",
+            file=sys.stderr,
+        )
+        return SIGNAL_EXIT[outcome.stopped_by]
+    if outcome.stopped_by:
+        print(f"calibtune: {outcome.stopped_by}", file=sys.stderr)
+        return 1
+    if outcome.counts.get("unfinished", 0) > 0:
+        print(
+            f"calibtune: study {outcome.name}: expected {outcome.counts['unfinished']} more "
+            f"trials to end, found them unfinished; continue with {resume}",
+            file=sys.stderr,
+        )
+        return 1
+    return 0 if outcome.counts.get("finished", 0) > 0 else 1
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from calibtune.study import load_study, run_study
+    from calibtune.study._preflight import preflight_run
 
-    with _usage():
+    with _usage(args.study):
         if args.study_env:
             from calibtune.study._config import study_from_text
 
@@ -101,6 +134,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             study = load_study(args.study)
         else:
             raise ValueError("STUDY.yaml: expected a study file, got none")
+        # bad paths, stores and addresses stop here, before Ray starts or anything is written
+        preflight_run(
+            study, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage
+        )
         outcome = run_study(
             study,
             address=args.address,
@@ -109,8 +146,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             verbose=0 if args.quiet else 1,
         )
     _print_outcome(outcome)
-    failed = sum(1 for r in outcome.results if r.error is not None)
-    return 1 if failed and failed == len(outcome.results) else 0
+    return _exit_code(outcome)
 
 
 # ------------------------------------------------------------------------------- resume
@@ -135,13 +171,15 @@ def _add_resume(sub: Any) -> None:
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from calibtune.study import resume_study
+    from calibtune.study._preflight import preflight_resume
 
     with _usage():
+        preflight_resume(args.study, address=args.address, storage=args.storage)
         outcome = resume_study(
             args.study, address=args.address, storage=args.storage, verbose=0 if args.quiet else 1
         )
     _print_outcome(outcome)
-    return 0
+    return _exit_code(outcome)
 
 
 # ------------------------------------------------------------------------------- tables
@@ -162,16 +200,34 @@ def _add_compare(sub: Any) -> None:
     p.set_defaults(func=_cmd_compare)
 
 
+def _finished_study(args: argparse.Namespace) -> Any:
+    """The `StudyRef` of compare/report/export: its tracking store checked (exists, answers)
+    and holding at least one finished trial; else a one-line ValueError."""
+    from calibtune.study._preflight import check_tracking_uri
+    from calibtune.study._results import locate_study, trials_frame
+    from calibtune.study._tracking import resolve_tracking_uri
+
+    if args.tracking_uri:
+        uri = resolve_tracking_uri(args.tracking_uri)
+        check_tracking_uri(uri, "--tracking-uri", must_exist=True)
+    ref = locate_study(args.study, args.storage, args.tracking_uri)
+    if not args.tracking_uri:
+        check_tracking_uri(ref.tracking_uri, f"study {ref.name}: tracking_uri", must_exist=True)
+    trials = trials_frame(ref, include_unfinished=True)
+    counts = trials["status"].value_counts().to_dict() if not trials.empty else {}
+    if not counts.get("finished"):
+        seen = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no trials"
+        raise ValueError(f"study {ref.name}: expected finished trials, found none yet ({seen})")
+    return ref
+
+
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from calibtune.study._results import compare_table, format_table, locate_study
+    from calibtune.study._results import compare_table, format_table
 
     with _usage():
-        ref = locate_study(args.study, args.storage, args.tracking_uri)
+        ref = _finished_study(args)
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
         table = compare_table(ref, metrics, args.sort)
-    if table.empty:
-        print(f"study {ref.name}: no finished trials yet", file=sys.stderr)
-        return 0
     print(format_table(table, args.format), end="")
     return 0
 
@@ -195,14 +251,26 @@ def _add_report(sub: Any) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from calibtune.study._results import format_table, locate_study, report_table
+    from calibtune.study._preflight import check_out_file
+    from calibtune.study._results import format_table, report_table
 
     with _usage():
-        ref = locate_study(args.study, args.storage, args.tracking_uri)
-        text = format_table(report_table(ref), args.format)
+        out = check_out_file(args.out, "--out") if args.out else None
+        ref = _finished_study(args)
+        table = report_table(ref)
+        if table.empty:  # finished trials, but none reported the objective
+            raise ValueError(
+                f"study {ref.name}: expected a finished trial that reported "
+                f"{ref.objectives[0][0]}, found none"
+            )
+        text = format_table(table, args.format)
     print(text, end="")
-    if args.out:
-        Path(args.out).write_text(text)
+    if out is not None:
+        with _usage(out):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(out)
     return 0
 
 
@@ -225,13 +293,14 @@ def _add_export(sub: Any) -> None:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from calibtune.study._results import export_best, locate_study
+    from calibtune.study._preflight import check_dir
+    from calibtune.study._results import export_best
 
     with _usage():
         if args.top < 1:
             raise ValueError(f"--top: expected an integer >= 1, got {args.top}")
-        ref = locate_study(args.study, args.storage, args.tracking_uri)
-        paths = export_best(ref, args.out, args.top, args.metric)
+        check_dir(args.out, "--out", min_free=0)
+        paths = export_best(_finished_study(args), args.out, args.top, args.metric)
     for path in paths:
         print(path)
     return 0
@@ -241,12 +310,21 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _ray_address(address: str | None) -> str:
-    addr = address or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    """The dashboard address (--address, else $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS), checked
+    to accept a TCP connection within 5 s (the job client would retry for minutes)."""
+    from calibtune.study._preflight import check_address
+
+    key, addr = "--address", address
+    for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
+        if not addr and os.environ.get(var):
+            key, addr = f"${var}", os.environ[var]
     if not addr:
         raise ValueError(
             "--address: expected the Ray dashboard address (http://HEAD:8265), got none"
         )
-    from calibtune.study._search import client_token_auth
+    if addr != "auto":
+        check_address(addr, key, "a Ray dashboard", default_port=8265)
+    from calibtune.study._raycluster import client_token_auth
 
     client_token_auth()
     return addr
@@ -287,11 +365,13 @@ def _add_submit(sub: Any) -> None:
 
 def _cmd_submit(args: argparse.Namespace) -> int:
     from calibtune.study import load_study
-    from calibtune.study._search import default_storage
+    from calibtune.study._preflight import preflight_submit
+    from calibtune.study._studydir import default_storage, self_contained
     from calibtune.study._tracking import resolve_tracking_uri
 
-    with _usage():
+    with _usage(args.study):
         study = load_study(args.study)
+        preflight_submit(study, tracking_uri=args.tracking_uri, storage=args.storage)
         client = _job_client(args.address)
         storage = Path(args.storage or study.storage or default_storage()).expanduser().resolve()
         uri = resolve_tracking_uri(args.tracking_uri or study.tracking.uri)
@@ -325,22 +405,6 @@ def _project_root(study_path: Path) -> Path:
         if (d / "pyproject.toml").exists() and (d / "calibtune").is_dir():
             return d
     return Path.cwd().resolve()
-
-
-def self_contained(study: Any) -> str:
-    """The study's YAML with its search-space files inlined, so the job needs no paths of ours."""
-    import yaml
-
-    from calibtune.study._spaces import load_yaml
-
-    raw = yaml.safe_load(study.text)
-    for i, item in enumerate(raw.get("losses") or []):
-        if isinstance(item, dict) and isinstance(item.get("space"), str):
-            space = load_yaml(study.losses[i].loss.path)
-            item.pop("space")
-            item["name"] = space["loss"]
-            item["params"] = space.get("params") or {}
-    return yaml.safe_dump(raw, sort_keys=False)
 
 
 def _follow(client: Any, job_id: str) -> int:
@@ -445,7 +509,8 @@ def start_ui(uri: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
             raise RuntimeError(f"mlflow ui exited with {proc.returncode}: {err.strip()[-500:]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                if r.status == 200:
+                # an answer while our server has exited came from another one on this port
+                if r.status == 200 and proc.poll() is None:
                     return proc, url
         except OSError:
             time.sleep(0.5)
@@ -468,20 +533,55 @@ def _add_ui(sub: Any) -> None:
         description="Serve the tracking store with `mlflow ui` on 127.0.0.1; Ctrl-C stops it.",
     )
     _common_tracking(p)
-    p.add_argument("--port", type=int, help="port (default: a free one)")
+    p.add_argument("--port", type=port_number, help="port 1-65535 (default: a free one)")
     p.set_defaults(func=_cmd_ui)
 
 
+def port_number(text: str) -> int:
+    """argparse type of a TCP port: an integer in 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
+    return port
+
+
+def check_port_free(port: int, key: str = "--port") -> None:
+    """Fail unless 127.0.0.1:port can be bound now: a port another server (perhaps another
+    store's MLflow UI) holds would make us print a URL that serves something else."""
+    import errno
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
+            raise ValueError(f"{key}: expected a free port, got {port} ({why})") from None
+
+
 def _cmd_ui(args: argparse.Namespace) -> int:
+    from calibtune.study._preflight import check_tracking_uri
     from calibtune.study._tracking import resolve_tracking_uri
 
     with _usage():
         uri = resolve_tracking_uri(args.tracking_uri)
-        if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///") :]).exists():
+        key = "--tracking-uri" if args.tracking_uri else "tracking store (default ./mlflow.db)"
+        if uri.startswith(("http://", "https://")):
             raise ValueError(
-                f"--tracking-uri: expected an existing store, got {uri} (run a study first)"
+                f"{key}: expected a store to serve (sqlite:///PATH, a database URL or a folder), "
+                f"got the server {uri} (open it in a browser)"
             )
-    proc, url = start_ui(uri, args.port)
+        check_tracking_uri(uri, key, must_exist=True)
+        if args.port is not None:
+            check_port_free(args.port)
+    try:
+        proc, url = start_ui(uri, args.port)
+    except RuntimeError as exc:
+        print(f"calibtune ui: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        return 1
     print(f"MLflow UI for {uri}: {url}   (Ctrl-C to stop)", flush=True)
     try:
         proc.wait()

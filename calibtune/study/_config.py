@@ -9,7 +9,6 @@ settings and tracking. Every error names the file, the key path and what was exp
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,9 @@ from typing import Any
 
 from optuna.distributions import CategoricalDistribution
 
+from calibtune._names import check_experiment, check_name
+from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
+from calibtune.metrics import keys as K
 from calibtune.study._spaces import (
     LossSpace,
     Space,
@@ -45,9 +47,6 @@ SEARCH_KEYS = (
 )
 TRACKING_KEYS = ("uri", "experiment")
 LOSS_KEYS = ("name", "label", "space", "params")
-# Selection must never look at test data: objectives are validation (or training) metrics.
-SELECTABLE_PREFIXES = ("val/", "train/")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class StudyError(ValueError):
@@ -143,7 +142,9 @@ def _objectives(raw: Any) -> tuple[Objective, ...]:
     if isinstance(raw, (str, Mapping)):
         raw = [raw]
     if not isinstance(raw, Sequence) or not raw:
-        raise StudyError(f"{path}: expected a non-empty list of {{metric, mode}}, got {raw!r}")
+        raise StudyError(
+            f"{path}: expected a non-empty list of {{metric, mode}}, got {excerpt(raw)}"
+        )
     out = []
     for i, item in enumerate(raw):
         where = f"{path}[{i}]"
@@ -153,20 +154,52 @@ def _objectives(raw: Any) -> tuple[Objective, ...]:
         metric = item.get("metric")
         if not isinstance(metric, str) or not metric:
             raise StudyError(
-                f"{where}.metric: expected a metric name such as val/ece, got {metric!r}"
+                f"{where}.metric: expected a metric name such as val/ece, got {excerpt(metric)}"
             )
-        if not metric.startswith(SELECTABLE_PREFIXES):
+        if _split(metric) not in (None, *K.SELECTABLE_SPLITS):
             raise StudyError(
                 f"{where}.metric: expected a validation metric (val/...; selection never uses "
-                f"test or OOD data), got {metric!r}"
+                f"test or OOD data), got {excerpt(metric)}"
             )
         mode = item.get("mode", "min")
         if mode not in MODES:
-            raise StudyError(f"{where}.mode: expected 'min' or 'max', got {mode!r}")
+            raise StudyError(f"{where}.mode: expected 'min' or 'max', got {excerpt(mode)}")
         out.append(Objective(metric, mode))
     if len({o.metric for o in out}) != len(out):
-        raise StudyError(f"{path}: expected distinct metrics, got {[o.metric for o in out]}")
+        raise StudyError(
+            f"{path}: expected distinct metrics, got {excerpt([o.metric for o in out])}"
+        )
     return tuple(out)
+
+
+def _split(metric: str) -> str | None:
+    try:
+        return K.parse(metric).split
+    except ValueError:
+        return None  # not a key at all: answered by _check_reported
+
+
+def _check_reported(objectives: Sequence[Objective], base_trial: Mapping[str, Any]) -> None:
+    """Every objective must be a key the trials report. A trial reports what its config's
+    `TrialConfig.metric_keys` says, with each objective's post-hoc method added to
+    ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method counts."""
+    import dataclasses
+
+    from calibtune.posthoc import list_posthoc
+    from calibtune.trial import config_from_dict
+
+    cfg = config_from_dict({**base_trial, "loss": {"name": "cross_entropy"}})
+    cfg = cfg.replace(eval=dataclasses.replace(cfg.eval, epoch_posthoc=tuple(list_posthoc())))
+    reported = cfg.metric_keys(posthoc_params=False)
+    for i, o in enumerate(objectives):
+        if o.metric not in reported:
+            examples = [
+                k for k in ("val/ece", "val/ece@ts", "val/error", "train/loss") if k in reported
+            ]
+            raise StudyError(
+                f"search.objectives[{i}].metric: expected a metric the trials report "
+                f"(e.g. {', '.join(examples)}, …), got {excerpt(o.metric)}"
+            )
 
 
 def _search(raw: Any) -> SearchConfig:
@@ -174,11 +207,13 @@ def _search(raw: Any) -> SearchConfig:
     s = SearchConfig()
     sampler = d.get("sampler", s.sampler)
     if sampler not in SAMPLERS:
-        raise StudyError(f"search.sampler: expected one of {', '.join(SAMPLERS)}, got {sampler!r}")
+        raise StudyError(
+            f"search.sampler: expected one of {', '.join(SAMPLERS)}, got {excerpt(sampler)}"
+        )
     scheduler = d.get("scheduler", s.scheduler)
     scheduler = "none" if scheduler is None else scheduler
     if scheduler not in SCHEDULERS:
-        raise StudyError(f"search.scheduler: expected 'none' or 'asha', got {scheduler!r}")
+        raise StudyError(f"search.scheduler: expected 'none' or 'asha', got {excerpt(scheduler)}")
     objectives = _objectives(d.get("objectives"))
     if scheduler == "asha" and len(objectives) > 1:
         raise StudyError(
@@ -191,7 +226,9 @@ def _search(raw: Any) -> SearchConfig:
     if isinstance(seeds, int) and not isinstance(seeds, bool):
         seeds = [seeds]
     if not isinstance(seeds, Sequence) or isinstance(seeds, str) or not seeds:
-        raise StudyError(f"search.seeds: expected a non-empty list of integers, got {seeds!r}")
+        raise StudyError(
+            f"search.seeds: expected a non-empty list of integers, got {excerpt(seeds)}"
+        )
     seeds = tuple(_int(x, f"search.seeds[{i}]", 0) for i, x in enumerate(seeds))
     if len(set(seeds)) != len(seeds):
         raise StudyError(f"search.seeds: expected distinct seeds, got {list(seeds)}")
@@ -212,15 +249,17 @@ def _tracking(raw: Any) -> TrackingConfig:
     d = _mapping(raw, "tracking", TRACKING_KEYS)
     uri, exp = d.get("uri"), d.get("experiment")
     if uri is not None and (not isinstance(uri, str) or not uri):
-        raise StudyError(f"tracking.uri: expected a tracking URI string or null, got {uri!r}")
-    if exp is not None and (not isinstance(exp, str) or not exp):
-        raise StudyError(f"tracking.experiment: expected a non-empty string, got {exp!r}")
+        raise StudyError(
+            f"tracking.uri: expected a tracking URI string or null, got {excerpt(uri)}"
+        )
+    if exp is not None:
+        check_experiment(exp, "tracking.experiment")
     return TrackingConfig(uri, exp)
 
 
 def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
-        raise StudyError(f"losses: expected a non-empty list of losses, got {raw!r}")
+        raise StudyError(f"losses: expected a non-empty list of losses, got {excerpt(raw)}")
     out: list[LossChoice] = []
     for i, item in enumerate(raw):
         where = f"losses[{i}]"
@@ -238,8 +277,8 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
                 ls = parse_loss_space(load_yaml(path), f"{where}.space ({space_ref})", str(path))
                 if "name" in item and item["name"] != ls.loss:
                     raise StudyError(
-                        f"{where}.name: expected {ls.loss!r} (the loss of {space_ref}), "
-                        f"got {item['name']!r}"
+                        f"{where}.name: expected {excerpt(ls.loss)} (the loss of {space_ref}), "
+                        f"got {excerpt(item['name'])}"
                     )
             elif space_ref is None:
                 ls = parse_loss_space(
@@ -248,19 +287,15 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
             else:
                 raise StudyError(
                     f"{where}.space: expected a path to a search_spaces/*.yaml file, "
-                    f"got {space_ref!r}"
+                    f"got {excerpt(space_ref)}"
                 )
         except SpaceError as exc:
             raise StudyError(str(exc)) from None
-        label = item.get("label", ls.loss)
-        if not isinstance(label, str) or not _NAME.match(label):
-            raise StudyError(
-                f"{where}.label: expected a name of letters, digits, _.-, got {label!r}"
-            )
+        label = check_name(item.get("label", ls.loss), f"{where}.label")
         if any(c.label == label for c in out):
             raise StudyError(
                 f"{where}: expected distinct losses (set label: to compare two spaces of one "
-                f"loss), got {label!r} twice"
+                f"loss), got {excerpt(label)} twice"
             )
         out.append(LossChoice(label, ls))
     return tuple(out)
@@ -282,7 +317,7 @@ def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
                 "hyperparameters belong in losses[].space), got it"
             )
         if not isinstance(spec, Mapping):
-            raise StudyError(f"{where}: expected a distribution {{type, ...}}, got {spec!r}")
+            raise StudyError(f"{where}: expected a distribution {{type, ...}}, got {excerpt(spec)}")
         try:
             dist = build_distribution(spec, where)
         except SpaceError as exc:
@@ -294,9 +329,43 @@ def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
 
                 config_from_dict(apply_overrides(base_trial, [f"{key}={json.dumps(v)}"]))
             except ValueError as exc:
-                raise StudyError(f"{where}: value {v!r} is not valid here ({exc})") from None
+                raise StudyError(
+                    f"{where}: value {excerpt(v)} is not valid here ({cut(str(exc), 200)})"
+                ) from None
         dists[key] = dist
     return Space(dists, {})
+
+
+def _grid_size(losses: Sequence[LossChoice], space: Space) -> int:
+    """Points of the conditional grid: per loss, the product of its categorical choices."""
+    size = 0
+    for c in losses:
+        n = 1
+        for pname, dist in {**c.loss.space.dists, **space.dists}.items():
+            if not isinstance(dist, CategoricalDistribution):
+                raise StudyError(
+                    "search.sampler: expected categorical distributions only for 'grid', "
+                    f"got {type(dist).__name__} for {c.label}.{pname}"
+                )
+            n *= len(dist.choices)
+        size += n
+    return size
+
+
+def _base_trial(raw: Any) -> dict[str, Any]:
+    """The shared trial section, validated once as a trial config with a placeholder loss."""
+    from calibtune.trial import config_from_dict
+
+    trial = dict(_mapping(raw, "trial"))
+    if "loss" in trial:
+        raise StudyError("trial.loss: unknown key; the losses to compare go under losses:")
+    if "seed" in trial:
+        raise StudyError("trial.seed: unknown key; seeds go under search.seeds")
+    try:
+        config_from_dict({**trial, "loss": {"name": "cross_entropy"}})
+    except ValueError as exc:
+        raise StudyError(f"trial.{exc}") from None
+    return trial
 
 
 def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfig:
@@ -305,47 +374,23 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
     base_dir = Path(path).resolve().parent if path else Path.cwd()
     try:
         d = _mapping(raw, "study", STUDY_KEYS)
-        name = d.get("name")
-        if not isinstance(name, str) or not _NAME.match(name):
-            raise StudyError(f"name: expected a name of letters, digits, _.- , got {name!r}")
-        trial = dict(_mapping(d.get("trial"), "trial"))
-        if "loss" in trial:
-            raise StudyError("trial.loss: unknown key; the losses to compare go under losses:")
-        if "seed" in trial:
-            raise StudyError("trial.seed: unknown key; seeds go under search.seeds")
-        # validate the base trial config once, with a placeholder loss
-        from calibtune.trial import config_from_dict
-
-        try:
-            config_from_dict({**trial, "loss": {"name": "cross_entropy"}})
-        except ValueError as exc:
-            raise StudyError(f"trial.{exc}") from None
+        name = check_name(d.get("name"), "name")
+        trial = _base_trial(d.get("trial"))
         losses = _losses(d.get("losses"), base_dir)
         search = _search(d.get("search"))
+        _check_reported(search.objectives, trial)
         space = _trial_space(d.get("space"), {**trial, "loss": {"name": "cross_entropy"}})
-        if search.sampler == "grid":
-            size = 0
-            for c in losses:
-                n = 1
-                for pname, dist in {**c.loss.space.dists, **space.dists}.items():
-                    if not isinstance(dist, CategoricalDistribution):
-                        raise StudyError(
-                            "search.sampler: expected categorical distributions only for 'grid', "
-                            f"got {type(dist).__name__} for {c.label}.{pname}"
-                        )
-                    n *= len(dist.choices)
-                size += n
-            if search.num_samples != size:
-                raise StudyError(
-                    f"search.num_samples: expected {size} (the size of the grid) for sampler "
-                    f"'grid', got {search.num_samples}"
-                )
+        if search.sampler == "grid" and search.num_samples != (size := _grid_size(losses, space)):
+            raise StudyError(
+                f"search.num_samples: expected {size} (the size of the grid) for sampler "
+                f"'grid', got {search.num_samples}"
+            )
         storage = d.get("storage")
         if storage is not None and (not isinstance(storage, str) or not storage):
-            raise StudyError(f"storage: expected a directory path or null, got {storage!r}")
+            raise StudyError(f"storage: expected a directory path or null, got {excerpt(storage)}")
         desc = d.get("description", "")
         if not isinstance(desc, str):
-            raise StudyError(f"description: expected a string, got {desc!r}")
+            raise StudyError(f"description: expected a string, got {excerpt(desc)}")
         return StudyConfig(
             name=name,
             path=path,
@@ -363,14 +408,15 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
 
 
 def load_study(path: str | Path) -> StudyConfig:
-    """Read and validate a study YAML file."""
+    """Read and validate a study YAML file (read through `calibtune._yaml.load_file`: at most
+    1 MiB of UTF-8 text, no aliases, no duplicate keys)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists():
         raise StudyError(f"{p}: expected a study YAML file, found nothing at that path")
-    text = p.read_text()
     try:
-        raw = load_yaml(p)
-    except SpaceError as exc:
+        text = read_text(p, "study file")
+        raw = load_text(text, str(p))
+    except YamlError as exc:
         raise StudyError(str(exc)) from None
     if raw is None:
         raise StudyError(
@@ -381,12 +427,10 @@ def load_study(path: str | Path) -> StudyConfig:
 
 def study_from_text(text: str, label: str) -> StudyConfig:
     """Validate a study given as YAML text (a submitted job's self-contained copy)."""
-    import yaml
-
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise StudyError(f"{label}: not valid YAML ({' '.join(str(exc).split())})") from None
+        raw = load_text(text, label)
+    except YamlError as exc:
+        raise StudyError(str(exc)) from None
     try:
         return parse_study(raw, None, text)
     except StudyError as exc:

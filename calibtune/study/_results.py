@@ -19,9 +19,11 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from calibtune.study._search import STATE_FILE, default_storage
+from calibtune.metrics import keys as K
+from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
     PARENT,
+    TAG_ERROR,
     TAG_KIND,
     TAG_STATUS,
     TAG_TRIAL,
@@ -49,40 +51,26 @@ def locate_study(
     study: str | Path, storage: str | Path | None = None, tracking_uri: str | None = None
 ) -> StudyRef:
     """Find a study by its YAML file, its storage directory, or its name."""
-    from calibtune.study._config import load_study, parse_study
+    from calibtune.study._config import load_study
 
     p = Path(study)
-    if p.is_file() and p.suffix in (".yaml", ".yml"):
-        cfg = load_study(p)
-        sdir = Path(storage or cfg.storage or default_storage()).expanduser().resolve() / cfg.name
-    elif (p / STATE_FILE).is_file():
-        sdir = p.resolve()
-    else:
-        sdir = Path(storage or default_storage()).expanduser().resolve() / str(study)
-    state_file = sdir / STATE_FILE
-    if not state_file.is_file():
-        raise StudyNotFoundError(
-            f"{study}: expected a study that has run (its state file {state_file}), found none; "
-            "run it first with `calibtune run STUDY.yaml`"
-        )
-    state = json.loads(state_file.read_text())
-    text = (sdir / "study.yaml").read_text()
-    cfg = parse_study(yaml.safe_load(text), state.get("study_path"), text)
+    try:
+        if p.is_file() and p.suffix in (".yaml", ".yml"):
+            cfg = load_study(p)
+            sd = StudyDir.find(cfg.name, storage or cfg.storage)
+        else:
+            sd = StudyDir.find(study, storage)
+    except StudyDirError as exc:
+        raise StudyNotFoundError(str(exc)) from None
+    state = sd.read_state()
+    cfg = sd.read_study()
     return StudyRef(
         cfg.name,
-        resolve_tracking_uri(tracking_uri) if tracking_uri else state["tracking_uri"],
-        state["experiment_id"],
-        state["parent_run_id"],
+        resolve_tracking_uri(tracking_uri) if tracking_uri else state.tracking_uri,
+        state.experiment_id,
+        state.parent_run_id,
         tuple((o.metric, o.mode) for o in cfg.search.objectives),
     )
-
-
-def _metric_back(name: str) -> str:
-    """Inverse of `mlflow_metric_name` for the post-hoc suffixes calibtune produces."""
-    head, sep, tail = name.rpartition(".")
-    if sep and "/" in head and tail and not tail[0].isdigit() and "/" not in tail:
-        return f"{head}@{tail}"
-    return name
 
 
 def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFrame:
@@ -101,16 +89,17 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             "trial_id": r.data.tags.get(TAG_TRIAL),
             "run_id": r.info.run_id,
             "status": status,
+            "reason": r.data.tags.get(TAG_ERROR, ""),
         }
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
         for k, v in r.data.metrics.items():
-            row[_metric_back(k)] = v
+            row[K.from_mlflow(k)] = v
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    lead = ["trial_id", "loss_label", "loss", "status", "run_id"]
+    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id"]
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
@@ -142,11 +131,13 @@ def pareto_mask(values: Any, modes: Sequence[str]) -> Any:
 def compare_table(
     ref: StudyRef, metrics: Sequence[str] | None = None, sort: str | None = None
 ) -> pd.DataFrame:
-    """Trials with their params and the chosen metrics, sorted by ``sort`` (default: the first
-    objective, best first)."""
-    df = trials_frame(ref)
+    """Every ended trial with its status, params and the chosen metrics, sorted by ``sort``
+    (default: the first objective, best first); failed and stopped trials are listed too (their
+    missing metrics last), with the failure's reason."""
+    df = trials_frame(ref, include_unfinished=True)
     if df.empty:
         return df
+    df = df[df["status"] != "running"]
     objective, mode = ref.objectives[0]
     if metrics is None:
         metrics = [m for m, _ in ref.objectives] + [
@@ -156,20 +147,22 @@ def compare_table(
         ]
     missing = [m for m in metrics if m not in df.columns]
     known = sorted(c for c in df.columns if "/" in c)
-    if missing:
+    if missing and (df["status"] == "finished").any():
         raise ValueError(
             f"--metrics: expected metrics the trials logged (e.g. {', '.join(known[:8])}), "
             f"got {', '.join(missing)}"
         )
+    df = df.assign(**{m: float("nan") for m in missing})
     params = [c for c in df.columns if c.startswith("param:")]
-    out = df[["trial_id", "loss_label", *params, *metrics]]
+    reason = ["reason"] if (df["reason"] != "").any() else []
+    out = df[["trial_id", "loss_label", "status", *params, *metrics, *reason]]
     key = sort or objective
     if key not in out.columns:
         raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
     if len(ref.objectives) > 1:  # multi-objective: mark the Pareto front
         out = out.copy()
         out.insert(
-            2,
+            3,
             "pareto",
             pareto_mask(df[[m for m, _ in ref.objectives]], [d for _, d in ref.objectives]),
         )
@@ -182,7 +175,7 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
     df = trials_frame(ref)
     objective, mode = ref.objectives[0]
     metric = metric or objective
-    if not metric.startswith(("val/", "train/")):
+    if not K.is_selectable(metric):
         raise ValueError(
             "--metric: expected a validation metric (val/...; never select on test data), "
             f"got {metric!r}"
@@ -190,7 +183,12 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
     if df.empty or metric not in df.columns:
         raise ValueError(f"--metric: expected a metric the finished trials logged, got {metric!r}")
     if metric != objective:
-        mode = "max" if any(s in metric for s in ("auroc", "aupr", "acc")) else "min"
+        try:
+            mode = K.direction(metric)
+        except ValueError:
+            raise ValueError(
+                f"--metric: expected a metric with a direction (e.g. val/ece), got {metric!r}"
+            ) from None
     df = df[df[metric].notna()]
     return df.sort_values(metric, ascending=(mode == "min"), kind="stable").head(top)
 
@@ -210,34 +208,76 @@ def _pct(v: Any) -> float:
 def report_table(ref: StudyRef) -> pd.DataFrame:
     """The seeds' table: per loss (its best trial by the objective) test error, ECE, AdaECE and
     classwise ECE before and after temperature scaling (optimal T in brackets), after focal
-    temperature scaling, and OOD AUROC; values in %."""
-    df = trials_frame(ref)
+    temperature scaling, and OOD AUROC; values in %. Failed trials are counted per loss with
+    the first reason; a loss whose trials all failed gets a row with its reason only."""
+    df = trials_frame(ref, include_unfinished=True)
     if df.empty:
         return df
     objective, mode = ref.objectives[0]
     rows = []
     for label, group in df.groupby("loss_label", sort=False):
-        g = group[group[objective].notna()] if objective in group else group
-        if g.empty:
-            continue
-        best = g.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
+        done = group[group["status"] == "finished"]
+        if objective in done:
+            done = done[done[objective].notna()]
+        failed = group[group["status"] == "failed"]
         row: dict[str, Any] = {"loss": label}
-        t = best.get("posthoc/ts/T")
-        for title, pre, post in REPORT_COLUMNS:
-            row[title] = _pct(best.get(pre))
-            if post:
-                val = _pct(best.get(post))
-                row[f"{title} (TS)"] = (
-                    f"{val:.2f} ({t:.1f})"
-                    if isinstance(t, float) and not math.isnan(t)
-                    else f"{val:.2f}"
-                )
-        row["ECE (focal TS)"] = _pct(best.get("test/ece@focal_ts"))
-        for col in sorted(c for c in best.index if c.startswith("ood/") and c.endswith("/auroc")):
-            row[f"AUROC {col[4:-6]}"] = _pct(best.get(col))
-        row["trial"] = best["trial_id"]
+        if not done.empty:
+            best = done.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
+            row.update(_report_row(best))
+        if len(failed):
+            row["failed"] = len(failed)
+            row["failure"] = failed["reason"].iloc[0]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _report_row(best: pd.Series) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    t = best.get("posthoc/ts/T")
+    for title, pre, post in REPORT_COLUMNS:
+        row[title] = _pct(best.get(pre))
+        if post:
+            val = _pct(best.get(post))
+            row[f"{title} (TS)"] = (
+                f"{val:.2f} ({t:.1f})"
+                if isinstance(t, float) and not math.isnan(t)
+                else f"{val:.2f}"
+            )
+    row["ECE (focal TS)"] = _pct(best.get(K.key("test", "ece", "focal_ts")))
+    row["NLL"] = _num(best.get(K.key("test", "nll")))
+    for method in _methods(best):  # equal-mass ECE and NLL after every other method
+        param = next((best[k] for k in best.index if k.startswith(f"posthoc/{method}/")), None)
+        shown = "" if param is None or _missing(param) else f" ({param:.2f})"
+        ada = _pct(best.get(K.key("test", "adaece", method)))
+        row[f"AdaECE ({method})"] = f"{ada:.2f}{shown}"
+        row[f"NLL ({method})"] = _num(best.get(K.key("test", "nll", method)))
+    for col in sorted(best.index):
+        k = _key(col)
+        if k and k.split == "ood" and k.name == "auroc" and not k.method and not k.stat:
+            row[f"AUROC {K.ood_source(k.ood, k.severity)}"] = _pct(best.get(col))
+    row["trial"] = best["trial_id"]
+    return row
+
+
+def _key(col: str) -> K.MetricKey | None:
+    try:
+        return K.parse(col)
+    except ValueError:
+        return None
+
+
+def _num(v: Any) -> float:
+    return float("nan") if _missing(v) else float(v)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _methods(best: pd.Series) -> list[str]:
+    """Post-hoc methods the trial was scored after, besides TS (which has its own columns)."""
+    found = {k.method for c in best.index if (k := _key(c)) and k.split == "test" and k.method}
+    return sorted(found - {"ts"})
 
 
 def format_table(df: pd.DataFrame, fmt: str) -> str:

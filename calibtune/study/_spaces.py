@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -30,6 +30,7 @@ from optuna.distributions import (
 )
 
 from calibtune._registry import Param
+from calibtune._yaml import YamlError, YamlSyntaxError, cut, excerpt, load_file
 
 SPEC_KEYS = {
     "float": {"type", "low", "high", "step", "log"},
@@ -54,16 +55,30 @@ def _number(v: Any, where: str, what: str) -> float:
     if isinstance(v, str):
         with contextlib.suppress(ValueError):  # YAML 1.1 reads 5e-4 as a string
             v = float(v)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise SpaceError(f"{where}.{what}: expected a number, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SpaceError(f"{where}.{what}: expected a finite number, got {excerpt(v)}")
     return v
+
+
+def _check_step(low: float, high: float, step: float | None, where: str) -> None:
+    """Optuna only warns when ``step`` does not divide ``high - low`` (and then never samples
+    ``high``); a study file saying so is a mistake."""
+    if step is None or step <= 0 or high < low:
+        return  # Optuna's own constructor explains these
+    n = (high - low) / step
+    if abs(n - round(n)) > 1e-9 * max(1.0, abs(n)):
+        raise SpaceError(
+            f"{where}.step: expected a step that divides high - low ({high - low:g}), got {step:g}"
+        )
 
 
 def build_distribution(spec: Mapping[str, Any], where: str) -> BaseDistribution:
     """Turn ``{type: float|int|categorical, ...}`` into an Optuna distribution."""
     kind = spec.get("type")
     if kind not in SPEC_KEYS:
-        raise SpaceError(f"{where}.type: expected one of float, int, categorical, got {kind!r}")
+        raise SpaceError(
+            f"{where}.type: expected one of float, int, categorical, got {excerpt(kind)}"
+        )
     unknown = sorted(set(spec) - SPEC_KEYS[kind])
     if unknown:
         raise SpaceError(
@@ -74,7 +89,7 @@ def build_distribution(spec: Mapping[str, Any], where: str) -> BaseDistribution:
         if kind == "categorical":
             choices = spec.get("choices")
             if not isinstance(choices, list):
-                raise SpaceError(f"{where}.choices: expected a list, got {choices!r}")
+                raise SpaceError(f"{where}.choices: expected a list, got {excerpt(choices)}")
             return CategoricalDistribution([encode(c) for c in choices])
         for key in ("low", "high"):
             if key not in spec:
@@ -82,20 +97,21 @@ def build_distribution(spec: Mapping[str, Any], where: str) -> BaseDistribution:
         low, high = _number(spec["low"], where, "low"), _number(spec["high"], where, "high")
         log = spec.get("log", False)
         if not isinstance(log, bool):
-            raise SpaceError(f"{where}.log: expected true or false, got {log!r}")
+            raise SpaceError(f"{where}.log: expected true or false, got {excerpt(log)}")
         step = spec.get("step")
         if step is not None:
             step = _number(step, where, "step")
+        _check_step(low, high, step, where)
         if kind == "float":
             return FloatDistribution(float(low), float(high), log=log, step=step)
         for key, v in (("low", low), ("high", high), ("step", step)):
             if v is not None and float(v) != int(v):
-                raise SpaceError(f"{where}.{key}: expected an integer, got {v!r}")
+                raise SpaceError(f"{where}.{key}: expected an integer, got {excerpt(v)}")
         return IntDistribution(int(low), int(high), log=log, step=1 if step is None else int(step))
     except SpaceError:
         raise
     except (ValueError, TypeError) as exc:  # Optuna's own constructor messages
-        raise SpaceError(f"{where}: {exc}") from None
+        raise SpaceError(f"{where}: {cut(str(exc), 200)}") from None
 
 
 def _check_against_param(dist: BaseDistribution, param: Param, where: str) -> None:
@@ -115,13 +131,13 @@ def _check_against_param(dist: BaseDistribution, param: Param, where: str) -> No
             raise SpaceError(f"{where}: expected type int for {param.name}, got type float")
         values = [dist.low, dist.high]
     else:  # pragma: no cover - only the three kinds above are built
-        raise SpaceError(f"{where}: unsupported distribution {dist!r}")
+        raise SpaceError(f"{where}: unsupported distribution {excerpt(dist)}")
     for v in values:
         try:
             param.validate(v)
         except ValueError:
             raise SpaceError(
-                f"{where}: expected values that are {param.describe()}, got {v!r}"
+                f"{where}: expected values that are {param.describe()}, got {excerpt(v)}"
             ) from None
 
 
@@ -145,7 +161,7 @@ def parse_param_space(raw: Any, params: Mapping[str, Param], where: str, owner: 
     if raw is None:
         raw = {}
     if not isinstance(raw, Mapping):
-        raise SpaceError(f"{where}: expected a mapping of parameter names, got {raw!r}")
+        raise SpaceError(f"{where}: expected a mapping of parameter names, got {excerpt(raw)}")
     dists: dict[str, BaseDistribution] = {}
     fixed: dict[str, Any] = {}
     for name, spec in raw.items():
@@ -164,7 +180,7 @@ def parse_param_space(raw: Any, params: Mapping[str, Param], where: str, owner: 
                 fixed[name] = params[name].validate(spec)
             except ValueError:
                 raise SpaceError(
-                    f"{key}: expected {params[name].describe()}, got {spec!r}"
+                    f"{key}: expected {params[name].describe()}, got {excerpt(spec)}"
                 ) from None
     return Space(dists, fixed)
 
@@ -187,7 +203,10 @@ def parse_loss_space(raw: Any, where: str, path: str | None = None) -> LossSpace
     from calibtune.losses import LOSSES
 
     if not isinstance(raw, Mapping):
-        raise SpaceError(f"{where}: expected a mapping with keys loss, params, got {raw!r}")
+        raise SpaceError(
+            f"{where}: not a search-space file (expected a mapping with keys loss, params, got "
+            f"{'nothing' if raw is None else type(raw).__name__})"
+        )
     for k in raw:
         if k not in LOSS_SPACE_KEYS:
             raise SpaceError(
@@ -195,13 +214,15 @@ def parse_loss_space(raw: Any, where: str, path: str | None = None) -> LossSpace
             )
     name = raw.get("loss")
     if name not in LOSSES:
-        raise SpaceError(f"{where}.loss: expected one of {', '.join(LOSSES.names())}, got {name!r}")
+        raise SpaceError(
+            f"{where}.loss: expected one of {', '.join(LOSSES.names())}, got {excerpt(name)}"
+        )
     entry = LOSSES.get(name)
     params = {p.name: p for p in entry.params}
-    space = parse_param_space(raw.get("params"), params, f"{where}.params", f"loss {name!r}")
+    space = parse_param_space(raw.get("params"), params, f"{where}.params", f"loss {excerpt(name)}")
     desc = raw.get("description", "")
     if not isinstance(desc, str):
-        raise SpaceError(f"{where}.description: expected a string, got {desc!r}")
+        raise SpaceError(f"{where}.description: expected a string, got {excerpt(desc)}")
     _build_each(name, space, f"{where}.params")
     return LossSpace(name, space, path, desc)
 
@@ -226,22 +247,25 @@ def _build_each(loss: str, space: Space, where: str) -> None:
             try:
                 build_loss(loss, **{**space.fixed, **first, name: v})
             except ValueError as exc:
-                raise SpaceError(f"{where}.{name}: {v!r} is not valid here ({exc})") from None
+                raise SpaceError(
+                    f"{where}.{name}: {excerpt(v)} is not valid here ({cut(str(exc), 200)})"
+                ) from None
     if not space.dists:
         try:
             build_loss(loss, **space.fixed)
         except ValueError as exc:
-            raise SpaceError(f"{where}: {exc}") from None
+            raise SpaceError(f"{where}: {cut(str(exc), 200)}") from None
 
 
-def load_yaml(path: str | Path) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise SpaceError(f"{p}: expected a YAML file, found nothing at that path")
+def load_yaml(path: str | Path, what: str = "search-space file") -> Any:
+    """Read a YAML file through `calibtune._yaml.load_file` (size, encoding, aliases, duplicate
+    keys); a file that is not YAML at all is "not a <what>" (its content is never quoted)."""
     try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"{p}: not valid YAML ({' '.join(str(exc).split())})") from None
+        return load_file(path, what)
+    except YamlSyntaxError as exc:
+        raise SpaceError(f"{path}: not a {what} ({exc.detail})") from None
+    except YamlError as exc:
+        raise SpaceError(str(exc)) from None
 
 
 def load_loss_space(path: str | Path) -> LossSpace:

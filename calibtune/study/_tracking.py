@@ -17,10 +17,12 @@ import os
 import platform
 import subprocess
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from calibtune.metrics import keys as K
 
 TAG_STUDY = "calibtune.study"
 TAG_KIND = "calibtune.kind"  # "study" | "trial" | "seed"
@@ -28,6 +30,7 @@ TAG_TRIAL = "calibtune.trial_id"
 TAG_STATUS = "calibtune.status"
 TAG_LOSS = "calibtune.loss"
 TAG_HASH = "calibtune.file_hash"
+TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
 PARENT = "mlflow.parentRunId"
 
 
@@ -49,8 +52,8 @@ def resolve_tracking_uri(uri: str | None, cwd: str | Path | None = None) -> str:
 
 
 def mlflow_metric_name(name: str) -> str:
-    """calibtune metric name -> a name MLflow accepts (``@`` is not allowed there)."""
-    return name.replace("@", ".")
+    """calibtune metric name -> a name MLflow accepts (`calibtune.metrics.keys.to_mlflow`)."""
+    return K.to_mlflow(name)
 
 
 def git_sha(cwd: str | Path | None = None) -> str:
@@ -163,28 +166,24 @@ def open_study_run(
     uri: str,
     experiment: str,
     study_name: str,
-    state_dir: Path,
     tags: Mapping[str, str],
     artifacts: Iterable[Path] = (),
+    existing_run_id: str | None = None,
 ) -> StudyRun:
-    """Create the study's parent run, or reopen the one recorded in ``state_dir``."""
+    """Reopen the study's parent run ``existing_run_id`` (if this store still has it), else
+    create it (logging the study files under ``study/``)."""
     from mlflow.entities import RunStatus
 
     client = _client(uri)
     exp_id = experiment_id(uri, experiment)
-    marker = state_dir / "mlflow_parent.json"
-    if marker.is_file():
-        saved = json.loads(marker.read_text())
-        if saved.get("tracking_uri") == uri:
-            try:
-                run = client.get_run(saved["run_id"])
-                if run.info.lifecycle_stage != "deleted":
-                    client.update_run(
-                        run.info.run_id, status=RunStatus.to_string(RunStatus.RUNNING)
-                    )
-                    return StudyRun(uri, run.info.experiment_id, run.info.run_id)
-            except Exception:  # the recorded run is gone from this store: start a new one
-                pass
+    if existing_run_id:
+        try:
+            run = client.get_run(existing_run_id)
+            if run.info.lifecycle_stage != "deleted":
+                client.update_run(run.info.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+                return StudyRun(uri, run.info.experiment_id, run.info.run_id)
+        except Exception:  # the recorded run is gone from this store: start a new one
+            pass
     run = client.create_run(
         exp_id,
         run_name=study_name,
@@ -193,10 +192,6 @@ def open_study_run(
     for path in artifacts:
         if path.is_file():
             client.log_artifact(run.info.run_id, str(path), artifact_path="study")
-    state_dir.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"run_id": run.info.run_id, "tracking_uri": uri}))
-    tmp.replace(marker)
     return StudyRun(uri, exp_id, run.info.run_id)
 
 
@@ -246,35 +241,81 @@ class ChildRun:
         return self.run_id
 
     def close(self, status: str) -> None:
+        """``finished``, ``stopped`` (early-stopped by the scheduler) or ``failed``."""
         assert self.run_id is not None
-        client = _client(self.uri)
-        client.set_tag(self.run_id, TAG_STATUS, status.lower())
-        client.set_terminated(self.run_id, status="FINISHED" if status == "finished" else "FAILED")
+        close_run(self.uri, self.run_id, status)
+
+    def fail(self, reason: str, detail: str = "") -> None:
+        """Mark the run failed with a short ``reason`` tag and the full ``detail`` as
+        ``error.txt`` (failed trials are results too)."""
+        assert self.run_id is not None
+        record_failure(self.uri, self.run_id, reason, detail)
+
+
+def close_run(uri: str, run_id: str, status: str) -> None:
+    client = _client(uri)
+    client.set_tag(run_id, TAG_STATUS, status)
+    client.set_terminated(run_id, status="FAILED" if status == "failed" else "FINISHED")
+
+
+def record_failure(uri: str, run_id: str, reason: str, detail: str = "") -> None:
+    client = _client(uri)
+    client.set_tag(run_id, TAG_ERROR, reason[:500])
+    if detail:
+        client.log_text(run_id, detail, "error.txt")
+    close_run(uri, run_id, "failed")
 
 
 class MlflowTrialCallback:
-    """`calibtune.trial.TrialCallback` that logs a trial's epochs and results to one MLflow run.
+    """`calibtune.trial.TrialCallback` that logs a trial's epochs and results to one MLflow run,
+    each exactly once whatever was interrupted when.
 
+    Every epoch's batch carries the ``epoch`` metric at ``step=epoch`` (one batch, one
+    transaction), so the steps of ``epoch`` are the epochs already logged. `on_start` logs the
+    epochs a resumed trial restored from its checkpoint but never logged (killed between the
+    checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
+    an older checkpoint); `on_trial_end` logs only final metrics not there yet.
     Picklable (it travels to the Ray Train worker); the client is created on use.
     """
 
     def __init__(self, uri: str, run_id: str) -> None:
         self.uri = uri
         self.run_id = run_id
+        self._logged: set[int] | None = None
+
+    def _logged_epochs(self) -> set[int]:
+        if self._logged is None:
+            hist = _client(self.uri).get_metric_history(self.run_id, "epoch")
+            self._logged = {int(m.step) for m in hist}
+        return self._logged
+
+    def on_start(self, history: Sequence[Mapping[str, Any]]) -> None:
+        for metrics in history:
+            self.on_epoch(int(metrics["epoch"]), metrics)
 
     def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None:
+        if epoch in self._logged_epochs():
+            return
         flat: dict[str, float] = {}
         for k, v in metrics.items():
             if isinstance(v, (list, tuple)):
                 for i, x in enumerate(v):
-                    flat[f"{k}/bin_{i:02d}"] = x
+                    flat[K.element_key(k, i)] = x
             else:
                 flat[k] = v
+        flat["epoch"] = epoch
         log_metrics(self.uri, self.run_id, flat, step=epoch)
+        self._logged_epochs().add(epoch)
 
     def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
-        log_metrics(self.uri, self.run_id, metrics, step=0)
         client = _client(self.uri)
+        have = set(client.get_run(self.run_id).data.metrics)
+        log_metrics(
+            self.uri,
+            self.run_id,
+            {k: v for k, v in metrics.items() if mlflow_metric_name(k) not in have},
+            step=0,
+        )
         if artifacts_dir and Path(artifacts_dir).is_dir():
             for item in sorted(Path(artifacts_dir).iterdir()):
                 if item.name == "logits.pt":  # large and re-derivable; kept on disk only
@@ -283,3 +324,13 @@ class MlflowTrialCallback:
                     client.log_artifacts(self.run_id, str(item), artifact_path=item.name)
                 else:
                     client.log_artifact(self.run_id, str(item))
+
+
+def child_statuses(uri: str, exp_id: str, parent_run_id: str) -> dict[str, str]:
+    """Tune trial id -> calibtune status of each trial run under the parent (MLflow's view)."""
+    runs = find_runs(
+        uri, exp_id, f"tags.`{PARENT}` = '{parent_run_id}' and tags.`{TAG_KIND}` = 'trial'"
+    )
+    return {
+        r.data.tags.get(TAG_TRIAL, r.info.run_id): r.data.tags.get(TAG_STATUS, "?") for r in runs
+    }

@@ -16,9 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibtune.metrics import keys as K
+
 __all__ = ["FinalEvaluation", "OODLogits", "evaluate_final", "posthoc_val_metrics"]
 
-OOD_SCORES = ("entropy", "msp")
+OOD_SCORES = K.OOD_SCORES
 
 
 @dataclass(frozen=True)
@@ -45,12 +47,12 @@ def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]
 
 
 def _report(
-    probs: Tensor, labels: Tensor, n_bins: int, suffix: str, split: str = "test"
+    probs: Tensor, labels: Tensor, n_bins: int, method: str, split: str = "test"
 ) -> dict[str, float]:
     from calibtune.metrics import calibration_report
 
     rep = calibration_report(probs=probs, labels=labels, n_bins=n_bins)
-    return {f"{split}/{k}{suffix}": float(v) for k, v in rep.items() if np.isscalar(v)}
+    return {K.key(split, k, method): float(v) for k, v in rep.items() if np.isscalar(v)}
 
 
 def _probs(method: Any, logits: Tensor) -> Tensor:
@@ -71,7 +73,7 @@ def posthoc_val_metrics(
     out: dict[str, float] = {}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
-        out.update(_report(_probs(method, val_logits), val_labels, n_bins, f"@{name}", "val"))
+        out.update(_report(_probs(method, val_logits), val_labels, n_bins, name, "val"))
     return out
 
 
@@ -99,7 +101,7 @@ def evaluate_final(
     out = FinalEvaluation()
     test_probs = torch.softmax(test_logits.double(), dim=1)
     rep = M.calibration_report(logits=test_logits, labels=test_labels, n_bins=n_bins)
-    out.metrics.update({f"test/{k}": float(v) for k, v in rep.items() if np.isscalar(v)})
+    out.metrics.update({K.key("test", k): float(v) for k, v in rep.items() if np.isscalar(v)})
     out.reliability["uncalibrated"] = _table(test_probs, test_labels, n_bins)
 
     calibrated: dict[str, Any] = {}
@@ -107,35 +109,54 @@ def evaluate_final(
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
         calibrated[name] = method
         probs = _probs(method, test_logits)
-        out.metrics.update(_report(probs, test_labels, n_bins, f"@{name}"))
-        out.metrics.update(
-            _report(_probs(method, val_logits), val_labels, n_bins, f"@{name}", "val")
-        )
+        out.metrics.update(_report(probs, test_labels, n_bins, name))
+        out.metrics.update(_report(_probs(method, val_logits), val_labels, n_bins, name, "val"))
         fitted = {k: float(v) for k, v in method.params().items()}
         out.posthoc_params[name] = fitted
-        out.metrics.update({f"posthoc/{name}/{k}": v for k, v in fitted.items()})
+        out.metrics.update({K.posthoc_key(name, k): v for k, v in fitted.items()})
         out.reliability[name] = _table(probs, test_labels, n_bins)
 
     if ood:
-        ts = calibrated.get("ts") or build_posthoc("ts").fit(val_logits, val_labels)
-        variants = {"": (test_logits, None), "@ts": (test_logits, ts)}
-        for item in ood:
-            for suffix, (in_logits, method) in variants.items():
-                if method is None:
-                    p_in = torch.softmax(in_logits.double(), 1)
-                    p_out = torch.softmax(item.logits.double(), 1)
-                else:
-                    p_in = torch.as_tensor(np.asarray(method.calibrate(in_logits)))
-                    p_out = torch.as_tensor(np.asarray(method.calibrate(item.logits)))
-                for score in OOD_SCORES:
-                    tag = "" if score == "entropy" else "_msp"
-                    base = f"ood/{item.key}/"
-                    out.metrics[f"{base}auroc{tag}{suffix}"] = M.ood_auroc(p_in, p_out, score)
-                    out.metrics[f"{base}aupr{tag}{suffix}"] = M.ood_aupr(p_in, p_out, score)
-                    out.metrics[f"{base}fpr95{tag}{suffix}"] = M.fpr_at_95_tpr(p_in, p_out, score)
-                    fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score)
-                    out.roc[f"{item.key}/{score}{suffix}"] = _thin(fpr, tpr, roc_points)
+        _ood_metrics(out, val_logits, val_labels, test_logits, ood, calibrated, roc_points)
     return out
+
+
+def _ood_metrics(
+    out: FinalEvaluation,
+    val_logits: Tensor,
+    val_labels: Tensor,
+    test_logits: Tensor,
+    ood: list[OODLogits],
+    calibrated: Mapping[str, Any],
+    roc_points: int,
+) -> None:
+    """``ood/<source>/<measure>[_msp][@ts]`` and ROC points, before and after each of
+    ``K.OOD_METHODS`` (temperature scaling, reused when ``posthoc`` already fitted it)."""
+    from calibtune import metrics as M
+    from calibtune.posthoc import build_posthoc
+
+    fitted = {
+        m: calibrated.get(m) or build_posthoc(m).fit(val_logits, val_labels)
+        for m in K.OOD_METHODS
+        if m
+    }
+    measures = {"auroc": M.ood_auroc, "aupr": M.ood_aupr, "fpr95": M.fpr_at_95_tpr}
+    for item in ood:
+        for method_name in K.OOD_METHODS:
+            if not method_name:
+                p_in = torch.softmax(test_logits.double(), 1)
+                p_out = torch.softmax(item.logits.double(), 1)
+            else:
+                method = fitted[method_name]
+                p_in = torch.as_tensor(np.asarray(method.calibrate(test_logits)))
+                p_out = torch.as_tensor(np.asarray(method.calibrate(item.logits)))
+            for score in OOD_SCORES:
+                for measure in K.OOD_MEASURES:
+                    name = K.ood_key(item.key, measure, score, method_name)
+                    out.metrics[name] = measures[measure](p_in, p_out, score)
+                fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score)
+                suffix = f"@{method_name}" if method_name else ""
+                out.roc[f"{item.key}/{score}{suffix}"] = _thin(fpr, tpr, roc_points)
 
 
 def _thin(fpr: np.ndarray, tpr: np.ndarray, k: int) -> dict[str, list[float]]:

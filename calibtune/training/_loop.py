@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from calibtune.metrics import keys as K
 from calibtune.training._batches import epoch_index_batches, infer_logits, iterate_batches
 
 __all__ = [
@@ -125,7 +126,7 @@ def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> d
         if isinstance(v, Tensor) and v.numel() == 1:
             v = v.item()
         if isinstance(v, int | float):
-            out[f"{prefix}/{k}"] = float(v)
+            out[K.key(prefix, k)] = float(v)
     return out
 
 
@@ -217,8 +218,8 @@ def train_epochs(
         metrics: dict[str, Any] = {
             "epoch": epoch,
             "lr": lr,
-            "train/loss": (totals[0] / totals[2]).item(),
-            "train/error": (totals[1] / totals[2]).item(),
+            K.key("train", "loss"): (totals[0] / totals[2]).item(),
+            K.key("train", "error"): (totals[1] / totals[2]).item(),
         }
         metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins))
         if spec.epoch_posthoc:
@@ -233,13 +234,13 @@ def train_epochs(
             metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
         if adaptive and updates:
             last = updates[-1]
-            metrics["adaptive/gammas"] = _floats(last.get("gammas"))
-            metrics["adaptive/edges"] = _floats(last.get("edges"))
-            metrics["adaptive/gap"] = [
+            metrics[K.key("adaptive", "gammas")] = _floats(last.get("gammas"))
+            metrics[K.key("adaptive", "edges")] = _floats(last.get("edges"))
+            metrics[K.key("adaptive", "gap")] = [
                 c - a
                 for c, a in zip(_floats(last.get("c_val")), _floats(last.get("a_val")), strict=True)
             ]
-            metrics["adaptive/updates"] = len(updates)
+            metrics[K.key("adaptive", "updates")] = len(updates)
         metrics["train_time"] = train_time
         metrics["epoch_time"] = time.perf_counter() - t0
         if on_epoch_end is not None:

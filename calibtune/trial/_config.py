@@ -20,6 +20,9 @@ from typing import Any
 
 import yaml
 
+from calibtune._names import check_name
+from calibtune._yaml import cut, excerpt, load_file, load_text
+
 __all__ = [
     "DataConfig",
     "EvalConfig",
@@ -39,6 +42,9 @@ __all__ = [
 
 DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+#: no value above these can be meant (a typo such as ``epochs: 1e30`` would train forever)
+MAX_EPOCHS = 100_000
+MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
 
 
@@ -47,25 +53,32 @@ class _Bad(ValueError):
 
 
 def _fail(path: str, expected: str, value: Any) -> _Bad:
-    return _Bad(f"{path}: expected {expected}, got {value!r}")
+    """``path: expected <rule>, got <value>`` with the value cut to a short excerpt."""
+    return _Bad(f"{cut(path, 100)}: expected {expected}, got {excerpt(value)}")
 
 
-def _int(v: Any, path: str, low: int | None = None) -> int:
-    rule = "an integer" + (f" >= {low}" if low is not None else "")
-    if isinstance(v, bool) or not isinstance(v, int | float):
+def _int(v: Any, path: str, low: int | None = None, high: int | None = None) -> int:
+    """An integer written as one (``2.0`` and ``1e30`` are floats: refused, never truncated)."""
+    if high is not None:
+        rule = f"an integer in [{'-inf' if low is None else low}, {high}]"
+    else:
+        rule = "an integer" + (f" >= {low}" if low is not None else "")
+    if isinstance(v, bool) or not isinstance(v, int):
         raise _fail(path, rule, v)
-    if isinstance(v, float):
-        if not v.is_integer():
-            raise _fail(path, rule, v)
-        v = int(v)
-    if low is not None and v < low:
+    if (low is not None and v < low) or (high is not None and v > high):
         raise _fail(path, rule, v)
     return int(v)
 
 
 def _float(
-    v: Any, path: str, low: float | None = None, low_open: bool = False, high: float | None = None
+    v: Any,
+    path: str,
+    low: float | None = None,
+    low_open: bool = False,
+    high: float | None = None,
+    allow_inf: bool = False,
 ) -> float:
+    """A finite number in the range (``±inf`` only with ``allow_inf``; NaN never)."""
     lo = "-inf" if low is None else f"{low:g}"
     hi = "inf" if high is None else f"{high:g}"
     lb = "(" if low_open or low is None else "["
@@ -78,7 +91,9 @@ def _float(
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise _fail(path, rule, v)
     v = float(v)
-    if math.isnan(v) or (low is not None and (v <= low if low_open else v < low)):
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise _fail(path, rule, v)
+    if low is not None and (v <= low if low_open else v < low):
         raise _fail(path, rule, v)
     if high is not None and v > high:
         raise _fail(path, rule, v)
@@ -115,7 +130,7 @@ def _check_keys(d: Mapping[str, Any], cls: type, path: str) -> None:
     known = [f.name for f in fields(cls)]
     for k in d:
         if k not in known:
-            where = f"{path}.{k}" if path else str(k)
+            where = cut(f"{path}.{k}" if path else str(k))
             raise _Bad(f"{where}: unknown key; expected one of {', '.join(known)}")
 
 
@@ -219,6 +234,12 @@ class TrialConfig:
     def replace(self, **changes: Any) -> TrialConfig:
         return dataclasses.replace(self, **changes)
 
+    def metric_keys(self, *, posthoc_params: bool = True) -> frozenset[str]:
+        """Every metric key a trial with this config reports (`calibtune.metrics.keys`)."""
+        from calibtune.trial._metrics import metric_keys
+
+        return metric_keys(self, posthoc_params=posthoc_params)
+
 
 # --------------------------------------------------------------------------- parsing
 
@@ -267,7 +288,7 @@ def _loss(d: Mapping[str, Any]) -> LossConfig:
     try:
         resolved = LOSSES.get(name).resolve(**params)
     except ValueError as e:
-        raise _Bad(f"loss.params: {e}") from None
+        raise _Bad(f"loss.params: {cut(str(e), 200)}") from None
     return LossConfig(name=name, params=resolved)
 
 
@@ -309,8 +330,8 @@ def _train(d: Mapping[str, Any]) -> TrainConfig:
     t = TrainConfig()
     clip = d.get("grad_clip")
     return TrainConfig(
-        epochs=_int(d.get("epochs", t.epochs), "train.epochs", 1),
-        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", 1),
+        epochs=_int(d.get("epochs", t.epochs), "train.epochs", 1, MAX_EPOCHS),
+        batch_size=_int(d.get("batch_size", t.batch_size), "train.batch_size", 1, MAX_BATCH),
         grad_clip=None if clip is None else _float(clip, "train.grad_clip", 0.0, low_open=True),
         checkpoint_every=_int(
             d.get("checkpoint_every", t.checkpoint_every), "train.checkpoint_every", 1
@@ -343,10 +364,10 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         try:
             _p.build_posthoc(name, **params)
         except (TypeError, ValueError) as err:
-            raise _Bad(f"eval.posthoc.{name}: {err}") from None
+            raise _Bad(f"eval.posthoc.{name}: {cut(str(err), 200)}") from None
         posthoc[name] = dict(params)
     return EvalConfig(
-        batch_size=_int(d.get("batch_size", e.batch_size), "eval.batch_size", 1),
+        batch_size=_int(d.get("batch_size", e.batch_size), "eval.batch_size", 1, MAX_BATCH),
         n_bins=_int(d.get("n_bins", e.n_bins), "eval.n_bins", 1),
         test_every_epoch=_bool(
             d.get("test_every_epoch", e.test_every_epoch), "eval.test_every_epoch"
@@ -398,7 +419,7 @@ def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
 
     train = _train(sub("train"))
     return TrialConfig(
-        name=_str(d.get("name", "trial"), "name"),
+        name=check_name(d.get("name", "trial"), "name"),
         seed=_int(d.get("seed", 1), "seed", 0),
         storage_path=_str(d.get("storage_path", "runs/trials"), "storage_path"),
         data=_data(sub("data")),
@@ -426,16 +447,25 @@ def config_to_dict(cfg: TrialConfig) -> dict[str, Any]:
 
 
 def load_config(path: str | os.PathLike[str], overrides: Sequence[str] = ()) -> TrialConfig:
-    """Read a trial YAML file, apply ``key.path=value`` overrides, validate."""
-    text = Path(path).read_text()
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})".replace("\n", " ")) from None
+    """Read a trial YAML file (through `calibtune._yaml.load_file`: size, encoding, alias and
+    duplicate-key checks), apply ``key.path=value`` overrides, validate."""
+    if not Path(path).exists():  # the CLI answers "PATH: no such file"
+        raise FileNotFoundError(path)
+    raw = load_file(path, "trial config file")
     raw = {} if raw is None else raw
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(raw).__name__}")
-    return config_from_dict(apply_overrides(raw, overrides))
+    try:
+        return config_from_dict(apply_overrides(raw, overrides))
+    except ValueError as exc:
+        if overrides:  # name the file only when the problem is the file's, not an override's
+            try:
+                config_from_dict(raw)
+            except ValueError as own:
+                if str(own) == str(exc):
+                    raise _Bad(f"{path}: {exc}") from None
+            raise
+        raise _Bad(f"{path}: {exc}") from None
 
 
 def save_config(cfg: TrialConfig, path: str | os.PathLike[str]) -> None:
@@ -448,7 +478,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key or any(not p for p in key.split(".")):
-            raise ValueError(f"--set: expected key.path=value, got {item!r}")
+            raise ValueError(f"--set: expected key.path=value, got {excerpt(item)}")
         node = out
         parts = key.split(".")
         for i, p in enumerate(parts[:-1]):
@@ -456,7 +486,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str]) -> dict[st
             if nxt is None:
                 nxt = node[p] = {}
             if not isinstance(nxt, dict):
-                raise ValueError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a mapping")
+                raise ValueError(
+                    f"--set {cut(key)}: {cut('.'.join(parts[: i + 1]))} is not a mapping"
+                )
             node = nxt
-        node[parts[-1]] = yaml.safe_load(value) if value else None
+        node[parts[-1]] = load_text(value, f"--set {cut(key)}") if value else None
     return out

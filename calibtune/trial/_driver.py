@@ -34,6 +34,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from calibtune._failpoints import failpoint
+from calibtune._io import atomic_write
+from calibtune._names import check_name, safe_join
+from calibtune.metrics import keys as K
 from calibtune.trial._checkpoint import (
     epoch_dir,
     latest_local_checkpoint,
@@ -155,7 +159,7 @@ def run(
     if name is not None:
         cfg = cfg.replace(name=name)
     cfg, storage = _absolute(cfg, None if storage_path is None else os.fspath(storage_path))
-    trial_dir = storage / cfg.name
+    trial_dir = safe_join(storage, check_name(cfg.name, "name"))  # never outside storage
     local = cfg.scaling.num_workers == 0
 
     from ray.tune.trainable.trainable_fn_utils import _in_tune_session
@@ -177,9 +181,55 @@ def run(
     check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
     check_same_trial(cfg, trial_dir)
+    done = finished_result(cfg, trial_dir)
+    if done is not None:  # finished before (e.g. its study was interrupted right after)
+        return done
 
     with _quiet_local_mode(local):
-        return _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
+        result = _run(cfg, storage, trial_dir, local, in_tune, run_callbacks, callbacks)
+    _save_result(result)
+    return result
+
+
+RESULT_FILE = "result.json"
+
+
+def _save_result(result: TrialResult) -> None:
+    """Record a finished trial (atomically): running it again returns this, untouched."""
+    payload = {
+        "config": config_to_dict(result.config),
+        "metrics": result.metrics,
+        "history": result.history,
+        "artifacts_dir": str(result.artifacts_dir),
+        "epochs_completed": result.epochs_completed,
+        "resumed_from_epoch": result.resumed_from_epoch,
+        "wall_time_s": result.wall_time_s,
+    }
+    atomic_write(result.trial_dir / RESULT_FILE, json.dumps(_jsonable(payload)))
+
+
+def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
+    """The saved result of this exact config in ``trial_dir``, if it finished there."""
+    path = trial_dir / RESULT_FILE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError:  # never written half (atomic), but a hand-edited file is not trusted
+        return None
+    if saved.get("config") != json.loads(json.dumps(_jsonable(config_to_dict(cfg)))):
+        return None
+    nan = float("nan")
+    return TrialResult(
+        config=cfg,
+        metrics={k: nan if v is None else v for k, v in saved["metrics"].items()},
+        history=saved["history"],
+        trial_dir=trial_dir,
+        artifacts_dir=Path(saved["artifacts_dir"]),
+        epochs_completed=saved["epochs_completed"],
+        resumed_from_epoch=saved["resumed_from_epoch"],
+        wall_time_s=saved["wall_time_s"],
+    )
 
 
 # Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO
@@ -359,13 +409,20 @@ def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
 
 def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     """Load every configured OOD set (and, with ``splits``, the dataset) so that missing files
-    raise `DatasetNotFoundError` before any training starts rather than after it."""
+    raise `DatasetNotFoundError` before any training starts rather than after it; with
+    ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
     from calibtune import data as D
 
     if splits:
-        D.load_splits(
+        loaded = D.load_splits(
             cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
         )
+        n_train = len(loaded.train)
+        if cfg.train.batch_size > n_train:
+            raise ValueError(
+                f"train.batch_size: expected at most the {n_train} examples of the "
+                f"{cfg.data.name} training split, got {cfg.train.batch_size}"
+            )
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     for name in names:
         D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name)
@@ -381,13 +438,31 @@ def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
         severities = D.ood_severities(name) or (None,)
         for sev in severities:
             ood = D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name, severity=sev)
-            key = name if sev is None else f"{name}/s{sev}"
+            key = K.ood_source(name, sev)
             out.append(OODLogits(key, infer(ood.dataset)[0]))
     return out
 
 
 def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The Ray Train training function (runs on every worker, or in-process in local mode)."""
+    """The Ray Train training function (runs on every worker, or in-process in local mode).
+
+    The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``,
+    default 1), never from the machine, so its numbers do not depend on where it runs."""
+    cfg = config_from_dict(payload["config"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(trial_threads(cfg))
+    try:
+        return _train_loop(cfg, payload)
+    finally:
+        torch.set_num_threads(before)
+
+
+def trial_threads(cfg: TrialConfig) -> int:
+    """Intra-op threads of one trial process: its CPU resources (at least 1)."""
+    return max(1, int(cfg.scaling.resources_per_worker.get("CPU", 1.0)))
+
+
+def _train_loop(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
     import ray.train.torch
     from ray.train import Checkpoint
@@ -397,7 +472,6 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     from calibtune.models import build_model
     from calibtune.training import LoopSpec, evaluate_final, infer_logits, lr_schedule, train_epochs
 
-    cfg = config_from_dict(payload["config"])
     trial_dir = Path(payload["trial_dir"])
     callbacks: list[TrialCallback] = payload["callbacks"]
     # Ray 2.60 refuses ray.train.get_context/report/get_checkpoint inside a Tune session; a local
@@ -453,37 +527,37 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         cfg.schedule.warmup_epochs,
     )
 
+    if rank == 0:  # epochs restored from the checkpoint but never logged (killed in between)
+        for cb in callbacks:
+            if hasattr(cb, "on_start"):
+                cb.on_start(history)
+
     def on_epoch_end(epoch: int, metrics: dict[str, Any], cache: Any) -> None:
+        # order: checkpoint, then log (callbacks), then report — a report blocks until the Tune
+        # driver takes it, so logging first keeps a killed driver from losing a logged epoch
         history.append(metrics)
+        failpoint("epoch_end", epoch)
         ckpt = None
         save = epoch % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs
         if save and rank == 0:
+            state = {"model": net, "optimizer": optimizer, "loss_fn": loss_fn, "history": history}
             if local:
-                d = epoch_dir(ckpt_root, epoch)
-                save_state(
-                    d, model=net, optimizer=optimizer, loss_fn=loss_fn, epoch=epoch, history=history
-                )
+                save_state(epoch_dir(ckpt_root, epoch), epoch=epoch, **state)
                 prune_local_checkpoints(ckpt_root, cfg.train.keep_checkpoints)
             else:
                 tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
-                save_state(
-                    tmp,
-                    model=net,
-                    optimizer=optimizer,
-                    loss_fn=loss_fn,
-                    epoch=epoch,
-                    history=history,
-                )
+                save_state(tmp, epoch=epoch, **state)
                 ckpt = Checkpoint.from_directory(tmp)
+        failpoint("after_checkpoint", epoch)
+        if rank == 0:
+            for cb in callbacks:
+                cb.on_epoch(epoch, metrics)
         if not via_tune:
             ray.train.report(metrics, checkpoint=ckpt)
         else:
             from ray import tune
 
             tune.report(_scalars(metrics))
-        if rank == 0:
-            for cb in callbacks:
-                cb.on_epoch(epoch, metrics)
 
     spec = LoopSpec(
         model=model,
@@ -523,6 +597,7 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     else:
         val_logits, val_labels = cache.val_logits, cache.val_labels
         test_logits, test_labels = cache.test_logits, cache.test_labels
+    failpoint("final_eval")
     final = evaluate_final(
         val_logits,
         val_labels,
@@ -578,5 +653,7 @@ def _write_artifacts(
     (art / "gamma_history.json").write_text(json.dumps(_jsonable(gamma_history)))
     (art / "roc.json").write_text(json.dumps(_jsonable(final.roc)))
     torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    env = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
+    (art / "environment.json").write_text(json.dumps(env))
     if cfg.eval.figures:
         save_trial_figures(art)

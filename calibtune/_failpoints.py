@@ -1,0 +1,35 @@
+"""Named pause points for fault-injection tests (off unless ``CALIBTUNE_FAILPOINT`` is set).
+
+``CALIBTUNE_FAILPOINT=name[:epoch]`` and ``CALIBTUNE_FAILPOINT_DIR=DIR`` make the process that
+reaches `failpoint(name, epoch)` write ``DIR/name.hit`` (its pid) and pause, so that a test can
+kill a chosen process (the driver, a worker) at exactly that moment with SIGKILL; with
+``CALIBTUNE_FAILPOINT_SKIP=n`` the first ``n`` processes to reach it pass (e.g. to let the first
+trial of a study finish). Production runs never set the variable; the check is one lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+__all__ = ["failpoint"]
+
+
+def failpoint(name: str, epoch: int | None = None, pause_s: float = 600.0) -> None:
+    spec = os.environ.get("CALIBTUNE_FAILPOINT")
+    if not spec:
+        return
+    want, _, at = spec.partition(":")
+    if want != name or (at and epoch is not None and int(at) != epoch):
+        return
+    folder = Path(os.environ.get("CALIBTUNE_FAILPOINT_DIR", "."))
+    hit = folder / f"{name}.hit"
+    if hit.exists():  # pause once: the resumed run goes on
+        return
+    passed = len(list(folder.glob(f"{name}.pass*")))
+    if passed < int(os.environ.get("CALIBTUNE_FAILPOINT_SKIP", "0")):
+        (folder / f"{name}.pass{passed}").write_text(str(os.getpid()))
+        return
+    hit.write_text(str(os.getpid()))
+    time.sleep(pause_s)

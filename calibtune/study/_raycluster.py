@@ -1,0 +1,56 @@
+"""Ray start-up for a study: a fresh local instance, or a connection to a cluster.
+
+The one place that reaches into Ray's private API (token authentication for clients).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = ["check_cluster", "client_token_auth", "init_ray"]
+
+
+def client_token_auth() -> None:
+    """Ray 2.60 clusters use token auth (~/.ray/auth_token); a client of an explicit address
+    must say so with RAY_AUTH_MODE=token, and a process that already imported Ray must also
+    refresh Ray's cached config. An explicit RAY_AUTH_MODE from the user is respected."""
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.lower() != "token":
+        return
+    try:
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()  # sets the variable and re-reads RayConfig
+    except ImportError:  # pragma: no cover - another Ray version
+        os.environ["RAY_AUTH_MODE"] = "token"
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
+    """Connect to ``address`` or start a local Ray sized for this machine."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address:
+        client_token_auth()
+        ray.init(address=address, log_to_driver=True)
+        return
+    total = num_cpus or os.cpu_count() or 1
+    # The object store default (30% of RAM) is far more than trials on the embedded data need.
+    ray.init(
+        address="local",  # always a fresh local instance, never some other process's cluster
+        num_cpus=total,
+        object_store_memory=int(os.environ.get("CALIBTUNE_OBJECT_STORE_BYTES", 256 * 1024**2)),
+        include_dashboard=False,
+        log_to_driver=True,
+    )
+
+
+def check_cluster(study: Any) -> None:
+    """Fail fast when the cluster cannot hold one trial (Ray would wait forever instead)."""
+    import ray
+
+    from calibtune.trial import check_resources
+
+    check_resources(study.base_config(), ray.cluster_resources())

@@ -1,0 +1,258 @@
+"""The study directory: where a study lives, its one state file, its lock, and restore checks.
+
+Layout of ``<storage>/<name>/``::
+
+    calibtune_study.json   the state (tracking URI, experiment, parent run, study file path)
+    study.yaml             the validated study text (what `resume` and the tables re-read)
+    .calibtune.lock        held (``flock``) by the one driver running the study; names it
+    trials/<trial>-seedN/  each trial's checkpoints and artifacts (the trial engine's folders)
+    tuner.pkl, experiment_state-*.json, ...   Ray Tune's own state (restored by `resume`)
+
+Every write of calibtune's files is atomic (temp file, fsync, rename), so a crash or a full disk
+leaves the previous version, never a truncated one. The lock is an advisory ``flock`` on an open
+file: the kernel drops it when the driver dies, so a lock left by a killed driver is recognised
+as stale without any clean-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import pickletools
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from calibtune._io import atomic_write
+from calibtune._names import check_name, safe_join
+from calibtune._yaml import load_text
+
+__all__ = [
+    "STATE_FILE",
+    "StudyDir",
+    "StudyDirError",
+    "StudyLockedError",
+    "StudyState",
+    "default_storage",
+]
+
+STATE_FILE = "calibtune_study.json"
+STUDY_COPY = "study.yaml"
+LOCK_FILE = ".calibtune.lock"
+TUNER_FILE = "tuner.pkl"
+
+
+class StudyDirError(ValueError):
+    """A study folder that cannot be used as asked (one line: what was expected, what found)."""
+
+
+class StudyLockedError(StudyDirError):
+    """Another live driver holds the study's lock."""
+
+
+def default_storage(cwd: str | Path | None = None) -> Path:
+    """The embedded default storage folder: ``<cwd>/runs/studies``."""
+    return Path(cwd or os.getcwd()).resolve() / "runs" / "studies"
+
+
+@dataclass(frozen=True)
+class StudyState:
+    """What a study records about itself (`calibtune_study.json`)."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    study_path: str | None = None
+
+    @classmethod
+    def from_json(cls, text: str, where: Path) -> StudyState:
+        try:
+            d = json.loads(text)
+            return cls(
+                tracking_uri=str(d["tracking_uri"]),
+                experiment_id=str(d["experiment_id"]),
+                parent_run_id=str(d["parent_run_id"]),
+                study_path=d.get("study_path"),
+            )
+        except (ValueError, KeyError, TypeError):
+            raise StudyDirError(
+                f"{where}: expected calibtune's study state (JSON with tracking_uri, "
+                f"experiment_id, parent_run_id), got {_excerpt(text)}"
+            ) from None
+
+
+def _excerpt(text: str, n: int = 40) -> str:
+    if not text.strip():
+        return "an empty file"
+    s = " ".join(text.split())
+    return repr(s if len(s) <= n else s[:n] + "…")
+
+
+@dataclass(frozen=True)
+class StudyDir:
+    """One study's folder ``root / name`` (``root`` resolved; ``name`` a validated study name)."""
+
+    root: Path
+    name: str
+
+    @classmethod
+    def at(cls, name: str, storage: str | Path | None = None) -> StudyDir:
+        """The folder of study ``name`` under ``storage`` (default `default_storage`)."""
+        root = Path(storage or default_storage()).expanduser().resolve()
+        try:
+            safe_join(root, check_name(name, "study name"), where="study name")
+        except ValueError as exc:
+            raise StudyDirError(str(exc)) from None
+        return cls(root, name)
+
+    @classmethod
+    def find(cls, ref: str | Path, storage: str | Path | None = None) -> StudyDir:
+        """A study by its folder (holding the state file) or its name under ``storage``."""
+        p = Path(ref).expanduser()
+        if (p / STATE_FILE).is_file():
+            p = p.resolve()
+            return cls(p.parent, p.name)
+        sd = cls.at(str(ref), storage) if "/" not in str(ref) else None
+        if sd is None or not sd.state_file.is_file():
+            where = sd.root if sd is not None else p
+            raise StudyDirError(
+                f"{ref}: expected a study that has run (its folder with {STATE_FILE}, or a study "
+                f"name under {where}), found none; run it first with `calibtune run STUDY.yaml`"
+            )
+        return sd
+
+    @property
+    def path(self) -> Path:
+        return self.root / self.name
+
+    @property
+    def state_file(self) -> Path:
+        return self.path / STATE_FILE
+
+    @property
+    def trials_dir(self) -> Path:
+        return self.path / "trials"
+
+    def has_tune_state(self) -> bool:
+        return (self.path / TUNER_FILE).exists()
+
+    def read_state(self) -> StudyState:
+        return StudyState.from_json(_read(self.state_file), self.state_file)
+
+    def write_state(self, state: StudyState) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.state_file, json.dumps(asdict(state), indent=2))
+
+    def read_study(self) -> Any:
+        """The study as it was run (`StudyConfig`), re-validated from its saved copy."""
+        from calibtune.study._config import study_from_text
+
+        copy = self.path / STUDY_COPY
+        return study_from_text(_read(copy), str(copy))
+
+    def write_study(self, study: Any) -> None:
+        """Save the study self-contained (search spaces inlined): resuming needs no other file."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.path / STUDY_COPY, self_contained(study))
+
+    @contextlib.contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the study's lock for the block; `StudyLockedError` if a live driver holds it."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise
+                raise StudyLockedError(self._held_by(fd)) from None
+            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(holder).encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def _held_by(self, fd: int) -> str:
+        try:
+            h = json.loads(os.pread(fd, 4096, 0) or b"{}")
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(h["since"])))
+            who = f"pid {h['pid']} on {h['host']} since {since}"
+        except (ValueError, KeyError, TypeError):
+            who = "another process"
+        return (
+            f"study {self.name}: expected no other driver on {self.path}, found {who} running it; "
+            "wait for it to end (or stop it), then run or resume again"
+        )
+
+    def check_restorable(self) -> None:
+        """Refuse, in one line, a folder Ray Tune could not restore completely (a truncated or
+        missing state file after a crash or a full disk) before Ray unpickles anything."""
+        tuner = self.path / TUNER_FILE
+        if not tuner.is_file() or not _is_tuner_pickle(tuner):
+            raise StudyDirError(
+                f"{tuner}: expected Ray Tune's saved Tuner, found "
+                f"{'another file' if tuner.is_file() else 'none'}; this study cannot be resumed "
+                "(its finished trials stay in MLflow): run it under a new name"
+            )
+        states = sorted(self.path.glob("experiment_state-*.json"))
+        if not states:
+            raise StudyDirError(
+                f"{self.path}: expected Ray Tune's experiment_state-*.json, found none; this study "
+                "cannot be resumed (its finished trials stay in MLflow): run it under a new name"
+            )
+        for f in states:
+            try:
+                json.loads(_read(f))
+            except ValueError:
+                raise StudyDirError(
+                    f"{f}: expected Ray Tune's experiment state (JSON), found a truncated or "
+                    "corrupt file (was the disk full?); this study cannot be resumed completely "
+                    "(its finished trials stay in MLflow): free space and run it under a new name"
+                ) from None
+
+
+def _is_tuner_pickle(path: Path) -> bool:
+    """Whether ``path`` is a pickle of Ray Tune's Tuner state, judged by reading its opcodes
+    (`pickletools.genops` executes nothing) for the names that state always holds."""
+    names: set[str] = set()
+    try:
+        with open(path, "rb") as f:
+            for _op, arg, _pos in pickletools.genops(f):
+                if isinstance(arg, str):
+                    names.add(arg)
+    except Exception:  # not a pickle, or a truncated one
+        return False
+    return {"_tuner_kwargs", "ray.tune.tune_config"} <= names
+
+
+def self_contained(study: Any) -> str:
+    """The study's YAML with its search-space files inlined (``name`` + ``params``)."""
+    import yaml
+
+    from calibtune.study._spaces import load_yaml
+
+    raw = load_text(study.text, "study")
+    for i, item in enumerate(raw.get("losses") or []):
+        if isinstance(item, dict) and isinstance(item.get("space"), str):
+            space = load_yaml(study.losses[i].loss.path)
+            item.pop("space")
+            item["name"] = space["loss"]
+            item["params"] = space.get("params") or {}
+    return yaml.safe_dump(raw, sort_keys=False)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StudyDirError(f"{path}: expected a file, found none") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise StudyDirError(f"{path}: expected a readable UTF-8 file, got {e}") from None

@@ -1,0 +1,221 @@
+"""The Tune trainable of a study: one sampled point, trained once per seed by the trial engine,
+recorded in one MLflow child run (one nested run per seed when there are several).
+
+A trial that fails is a result too: its run is marked failed with the reason (tag
+``calibtune.error`` and ``error.txt``) before the error reaches Tune, which tells Optuna (FAIL).
+A trial restored after an interruption reopens the same run (found by its Tune trial id) and the
+trial engine resumes from the trial's checkpoint; a trial that had already finished returns its
+saved result without training or evaluating again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from calibtune.metrics import keys as K
+from calibtune.study._config import StudyConfig
+from calibtune.study._spaces import decode
+from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_metrics
+
+__all__ = ["StudyPayload", "aggregate", "failure_reason", "hyperparameters", "trial_dict"]
+
+# A Tune trial that only drives Ray Train workers holds no CPU (the workers need them) but a
+# bundle may not be empty: it asks for 1 MiB of Ray's "memory" resource, which every node has.
+DRIVER_RESOURCES = {"cpu": 0.0, "memory": float(1024**2)}
+
+
+@dataclass(frozen=True)
+class StudyPayload:
+    """Everything a Tune trial needs besides its sampled config (passed by tune.with_parameters)."""
+
+    study: StudyConfig  # validated once by the driver; workers never re-read files
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    trials_dir: str
+
+
+def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: str) -> dict:
+    """The trial-config mapping for one sampled point (validated by the trial engine)."""
+    from calibtune.trial import apply_overrides
+
+    label = sampled["loss"]
+    choice = study.loss(label)
+    params = {
+        **choice.loss.space.fixed,
+        **{k: decode(v) for k, v in dict(sampled.get(label) or {}).items()},
+    }
+    base = copy.deepcopy(dict(study.trial))
+    overrides = [f"{k}={json.dumps(v)}" for k, v in sorted((sampled.get("trial") or {}).items())]
+    d = apply_overrides(base, overrides)
+    d["loss"] = {"name": choice.loss.loss, "params": params}
+    d["seed"] = seed
+    d["name"] = name
+    objectives_posthoc = sorted(
+        {m for o in study.search.objectives if (m := K.parse(o.metric).method)}
+    )
+    if objectives_posthoc:
+        ev = dict(d.get("eval") or {})
+        ev["epoch_posthoc"] = sorted(set(ev.get("epoch_posthoc") or []) | set(objectives_posthoc))
+        d["eval"] = ev
+    return d
+
+
+def hyperparameters(study: StudyConfig, sampled: Mapping[str, Any]) -> dict[str, Any]:
+    """The trial's resolved hyperparameters only: its loss's (defaults filled) and searched keys."""
+    from calibtune.losses import LOSSES
+
+    label = sampled["loss"]
+    choice = study.loss(label)
+    raw = {
+        **choice.loss.space.fixed,
+        **{k: decode(v) for k, v in dict(sampled.get(label) or {}).items()},
+    }
+    resolved = LOSSES.get(choice.loss.loss).resolve(**raw)
+    out: dict[str, Any] = {"loss": choice.loss.loss, "loss_label": label}
+    out.update({f"loss.{k}": v for k, v in resolved.items()})
+    out.update(dict(sampled.get("trial") or {}))
+    return out
+
+
+def aggregate(per_seed: list[Mapping[str, float]]) -> dict[str, float]:
+    """Seed mean of every metric; with several seeds also ``<metric>_std`` (population std)."""
+    keys = sorted(set().union(*per_seed))
+    out: dict[str, float] = {}
+    for k in keys:
+        vals = [float(m[k]) for m in per_seed if k in m and isinstance(m[k], (int, float))]
+        if not vals:
+            continue
+        mean = sum(vals) / len(vals)
+        out[k] = mean
+        if len(per_seed) > 1:
+            out[K.std_key(k)] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+    return out
+
+
+def failure_reason(exc: BaseException) -> str:
+    """One readable line: the trial engine's reason, else the innermost exception's."""
+    from calibtune.trial import TrialFailedError
+
+    if isinstance(exc, TrialFailedError):
+        return str(exc).strip().splitlines()[0][:300]
+    inner: BaseException = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[-1] if text else ''}"[:300]
+
+
+def _seed_run(
+    payload: StudyPayload,
+    config: Mapping[str, Any],
+    hp: dict,
+    child: ChildRun,
+    trial_id: str,
+    seed: int,
+) -> dict[str, float]:
+    from calibtune import trial as T
+
+    study = payload.study
+    name = f"{trial_id}-seed{seed}"
+    run_id, seed_run = child.run_id, None
+    if len(study.search.seeds) > 1:
+        seed_run = ChildRun(
+            payload.tracking_uri,
+            payload.experiment_id,
+            child.run_id,  # type: ignore[arg-type]
+            key=name,
+            name=f"seed {seed}",
+            kind="seed",
+        )
+        run_id = seed_run.open(params={**hp, "seed": seed}, tags={TAG_LOSS: hp["loss"]})
+    try:
+        cfg = T.config_from_dict(trial_dict(study, config, seed, name))
+        res = T.run(
+            cfg,
+            callbacks=[MlflowTrialCallback(payload.tracking_uri, run_id)],  # type: ignore[arg-type]
+            storage_path=payload.trials_dir,
+        )
+    except BaseException as exc:
+        if seed_run is not None:
+            seed_run.fail(failure_reason(exc), traceback.format_exc())
+        raise
+    if seed_run is not None:
+        seed_run.close("finished")
+    return res
+
+
+def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
+    """Tune function trainable: one sampled config, trained once per seed via the trial engine."""
+    import ray
+    from ray import tune
+
+    study = payload.study
+    trial_id = tune.get_context().get_trial_id()
+    label = config["loss"]
+    hp = hyperparameters(study, config)
+    child = ChildRun(
+        payload.tracking_uri,
+        payload.experiment_id,
+        payload.parent_run_id,
+        key=trial_id,
+        name=_run_name(label, hp, study.search.seeds),
+    )
+    node = ray.get_runtime_context().get_node_id()
+    child.open(
+        params=hp,
+        tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
+    )
+    try:
+        results = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
+    except BaseException as exc:
+        child.fail(failure_reason(exc), traceback.format_exc())
+        raise
+    final = aggregate([r.metrics for r in results])
+    if len(results) > 1:
+        log_metrics(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
+    child.close("finished")
+    # the last epoch's values too: an objective may be an epoch metric (val/ece)
+    last = aggregate([{k: v for k, v in r.history[-1].items() if _scalar(v)} for r in results])
+    tune.report({**last, **final, "calibtune/done": 1.0})
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _run_name(label: str, hp: Mapping[str, Any], seeds: tuple[int, ...]) -> str:
+    """``focal γ=2.41`` style: the loss label and its searched values, short."""
+    params = [
+        f"{k.split('.', 1)[1]}={v:.3g}" if isinstance(v, float) else f"{k.split('.', 1)[1]}={v}"
+        for k, v in sorted(hp.items())
+        if k.startswith("loss.")
+    ]
+    seed = f" seeds={len(seeds)}" if len(seeds) > 1 else ""
+    return " ".join([label, *params[:4]]) + seed
+
+
+def trial_resources(study: StudyConfig) -> dict[str, float]:
+    """The Tune trial's own resources: in local mode it trains (1 CPU, or 1 GPU); with Train
+    workers it only drives them (`DRIVER_RESOURCES`)."""
+    cfg = study.base_config()
+    if cfg.scaling.num_workers == 0:
+        res = {"cpu": float(cfg.scaling.resources_per_worker.get("CPU", 1.0))}
+        if cfg.scaling.use_gpu:
+            res["gpu"] = 1.0
+        return res
+    return dict(DRIVER_RESOURCES)
+
+
+def make_trainable(study: StudyConfig, payload: StudyPayload) -> Any:
+    from ray import tune
+
+    return tune.with_resources(
+        tune.with_parameters(study_trainable, payload=payload), trial_resources(study)
+    )

@@ -1,0 +1,67 @@
+"""The metric keys a trial config will report: `calibtune.metrics.keys.expected_keys` filled in
+from the config (its post-hoc methods, OOD sets and severities from `calibtune.data`, whether
+its loss is adaptive). Lives in the trial layer because the core must not know `TrialConfig`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
+
+from calibtune.metrics import keys as K
+
+if TYPE_CHECKING:
+    from calibtune.trial._config import TrialConfig
+
+__all__ = ["metric_keys"]
+
+
+@lru_cache(maxsize=64)
+def _param_names(method: str, params: tuple[tuple[str, Any], ...]) -> tuple[str, ...]:
+    """Names of the parameters ``method`` reports once fitted (``posthoc/<method>/<name>``).
+
+    Post-hoc methods declare their constructor parameters, not their fitted ones (spline's
+    depend on ``n_knots``), so fit once on a small fixed random problem (20 × 2 logits) and read
+    them off: the names never depend on the data. Search grids the user left at their default
+    (``float_list`` parameters) shrink to one point so that this takes milliseconds."""
+    import torch
+
+    from calibtune.posthoc import POSTHOC, build_posthoc
+
+    given = dict(params)
+    for p in POSTHOC.get(method).params:
+        if p.kind == "float_list" and p.name not in given:
+            given[p.name] = (1.0,)
+    g = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(20, 2, generator=g)
+    labels = torch.randint(0, 2, (20,), generator=g)
+    return tuple(build_posthoc(method, **given).fit(logits, labels).params())
+
+
+def ood_sources(cfg: TrialConfig) -> list[str]:
+    """``svhn``, ``digits_noise/s1`` …: every OOD set (and severity) the trial evaluates."""
+    from calibtune import data as D
+
+    names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
+    return [K.ood_source(n, s) for n in names for s in (D.ood_severities(n) or (None,))]
+
+
+def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[str]:
+    """Every metric key a trial run with ``cfg`` reports (its epoch reports and its final
+    metrics); ``posthoc_params=False`` leaves out ``posthoc/<method>/<param>`` (no fitting)."""
+    from calibtune.losses import build_loss
+
+    loss = build_loss(cfg.loss.name, **dict(cfg.loss.params))
+    params: Mapping[str, tuple[str, ...]] | None = None
+    if posthoc_params:
+        params = {
+            m: _param_names(m, tuple(sorted(dict(p).items()))) for m, p in cfg.eval.posthoc.items()
+        }
+    return K.expected_keys(
+        posthoc=cfg.eval.posthoc,
+        posthoc_params=params,
+        epoch_posthoc=cfg.eval.epoch_posthoc,
+        ood=ood_sources(cfg),
+        adaptive=bool(getattr(loss, "adaptive", False)),
+    )

@@ -1,0 +1,208 @@
+"""Protocol cards (docs/papers.md) against the paper studies: card and YAML cannot disagree.
+
+Every row of a card names a study key and a value; the key is resolved on the study as
+`calibtune.study.load_study` validates it (defaults filled in) and must equal the value. Every
+value a study sets must have a row, so editing a study without its card fails here too.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from calibtune.data import OOD_SETS
+from calibtune.losses import LOSSES
+from calibtune.metrics import REPORT_KEYS
+from calibtune.posthoc import build_posthoc
+from calibtune.study import load_study
+from calibtune.training._final import OOD_SCORES
+from calibtune.trial import config_to_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CARDS = ROOT / "docs" / "papers.md"
+# The paper studies: a year in the name, or the FCL paper's study.
+PAPER_STUDIES = sorted(
+    p.relative_to(ROOT).as_posix()
+    for p in (ROOT / "studies").glob("*.yaml")
+    if re.search(r"[a-z]20\d\d_", p.name) or p.name == "fcl_cifar10.yaml"
+)
+# Trial keys that say where and how a study runs, not what the paper's protocol is.
+OPERATIONAL = ("data.root", "train.checkpoint_every", "train.loader_workers", "scaling.")
+
+_HEADING = re.compile(r"^## .* — `(studies/[^`]+\.yaml)`\s*$")
+_ROW = re.compile(
+    r"^\| (?P<element>[^|]+) \| (?P<paper>[^|]*) \| `(?P<key>[^`]+)` \| `(?P<value>[^`]*)` \|$"
+)
+
+
+def parse_cards(text: str) -> dict[str, list[tuple[str, str, Any]]]:
+    """{study path: [(element, key, value), ...]} from the card tables of docs/papers.md."""
+    cards: dict[str, list[tuple[str, str, Any]]] = {}
+    current = None
+    for line in text.splitlines():
+        if m := _HEADING.match(line):
+            current = m.group(1)
+            cards[current] = []
+        elif line.startswith("## "):
+            current = None
+        elif current and (m := _ROW.match(line)):
+            value = yaml.safe_load(m.group("value"))
+            cards[current].append((m.group("element").strip(), m.group("key"), value))
+    return cards
+
+
+CARD_ROWS = parse_cards(CARDS.read_text())
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def resolve(study: Any, key: str) -> Any:
+    """The value of a card key on a validated study (see docs/papers.md for the key syntax)."""
+    head, *rest = key.split(".")
+    base = study.base_config()
+    if head == "trial":
+        node: Any = config_to_dict(base)
+        for part in rest:
+            node = node[part]
+        return node
+    if head == "losses":
+        if not rest:
+            return [c.label for c in study.losses]
+        label, attr = rest
+        choice = study.loss(label).loss
+        if attr == "name":
+            return choice.loss
+        assert attr not in choice.space.dists, f"{key}: a searched parameter, not a fixed value"
+        return LOSSES.get(choice.loss).resolve(**choice.space.fixed)[attr]
+    if head == "posthoc":
+        if not rest:
+            return sorted(base.eval.posthoc)
+        name, attr = rest
+        return getattr(build_posthoc(name, **base.eval.posthoc[name]), attr)
+    if head == "ood":
+        name, param = rest
+        return OOD_SETS.get(name).defaults()[param]
+    if head == "search":
+        (field,) = rest
+        return getattr(study.search, field)
+    if head == "ood_scores":
+        return list(OOD_SCORES)
+    if head == "metrics":
+        return list(REPORT_KEYS)
+    raise AssertionError(f"unknown card key {key!r}")
+
+
+def check(key: str, actual: Any, expected: Any) -> None:
+    actual = _plain(actual)
+    if key == "posthoc":
+        assert actual == sorted(expected), key
+    elif key == "metrics":
+        missing = sorted(set(expected) - set(actual))
+        assert not missing, f"metrics of the paper's tables not reported: {missing}"
+    elif isinstance(expected, dict) and set(expected) == {"first", "last", "step"}:
+        first, last, step = expected["first"], expected["last"], expected["step"]
+        n = round((last - first) / step) + 1
+        assert len(actual) == n and actual[0] == first and actual[-1] == last, key
+        assert all(math.isclose(b - a, step, abs_tol=1e-9) for a, b in itertools.pairwise(actual))
+    else:
+        assert actual == expected, f"{key}: card says {expected!r}, study has {actual!r}"
+
+
+def test_every_paper_study_has_a_card_and_every_card_a_study() -> None:
+    assert len(PAPER_STUDIES) == 5
+    assert sorted(CARD_ROWS) == PAPER_STUDIES
+
+
+@pytest.mark.parametrize("path", PAPER_STUDIES)
+def test_card_entries_equal_the_study(path: str) -> None:
+    study = load_study(ROOT / path)
+    rows = CARD_ROWS[path]
+    required = {
+        "architecture",
+        "validation split",
+        "epochs",
+        "LR schedule",
+        "batch size",
+        "weight decay",
+        "ECE bins & binning",
+        "post-hoc methods",
+        "metrics in the paper's tables",
+        "losses",
+        "seeds",
+    }
+    assert required <= {element for element, _, _ in rows}, path
+    assert any(e.startswith("OOD") for e, _, _ in rows)
+    assert any(e.startswith("TS grid") for e, _, _ in rows)
+    for _, key, value in rows:
+        check(key, resolve(study, key), value)
+
+
+def _leaves(node: Any, prefix: str) -> list[str]:
+    if isinstance(node, dict) and node:
+        return [leaf for k, v in node.items() for leaf in _leaves(v, f"{prefix}.{k}")]
+    return [prefix]
+
+
+@pytest.mark.parametrize("path", PAPER_STUDIES)
+def test_every_value_the_study_sets_has_a_card_row(path: str) -> None:
+    study = load_study(ROOT / path)
+    keys = {key for _, key, _ in CARD_ROWS[path]}
+    trial = {k: v for k, v in study.trial.items() if k != "eval"}
+    wanted = [f"trial{leaf}" for leaf in _leaves(trial, "") if not leaf[1:].startswith(OPERATIONAL)]
+    ev = dict(study.trial.get("eval", {}))
+    posthoc = ev.pop("posthoc", {})
+    wanted += [f"trial.eval.{k}" for k in ev]
+    wanted.append("posthoc")
+    if isinstance(posthoc, dict):
+        wanted += [f"posthoc.{m}.{p}" for m, params in posthoc.items() for p in params or {}]
+    wanted += ["losses", "search.seeds"]
+    for c in study.losses:
+        wanted += [f"losses.{c.label}.{p}" for p in c.loss.space.fixed]
+    missing = [k for k in wanted if k not in keys]
+    assert not missing, f"{path}: values without a card row in docs/papers.md: {missing}"
+
+
+def test_a_changed_study_value_fails_the_card(tmp_path: Path) -> None:
+    # the card check is live: the same card against an edited copy of a study fails
+    path = "studies/ghosh2022_adafocal_cifar10.yaml"
+    text = (ROOT / path).read_text()
+    for old, new in [
+        ("ts: {criterion: adaece}", "ts: {criterion: ece}"),
+        ("weight_decay: 5.0e-4", "weight_decay: 1.0e-4"),
+        ("seeds: [1, 2, 3, 4, 5]", "seeds: [1, 2, 3]"),
+        ("gamma_max: 20.0", "gamma_max: 50.0"),
+    ]:
+        assert old in text
+        edited = tmp_path / "ghosh2022_adafocal_cifar10.yaml"
+        edited.write_text(text.replace(old, new))
+        study = load_study(edited)
+        with pytest.raises(AssertionError):
+            for _, key, value in CARD_ROWS[path]:
+                check(key, resolve(study, key), value)
+
+
+def test_card_parser_reads_rows_and_values() -> None:
+    text = (
+        "## X — `studies/x.yaml`\n\n| element | paper | study key | value |\n|---|---|---|---|\n"
+        "| epochs | §1 | `trial.train.epochs` | `350` |\n"
+        "| TS grid | §2 | `posthoc.ts.temperatures` | `{first: 0.1, last: 10.0, step: 0.1}` |\n"
+        "\n## Other heading\n| epochs | §1 | `trial.train.epochs` | `1` |\n"
+    )
+    assert parse_cards(text) == {
+        "studies/x.yaml": [
+            ("epochs", "trial.train.epochs", 350),
+            ("TS grid", "posthoc.ts.temperatures", {"first": 0.1, "last": 10.0, "step": 0.1}),
+        ]
+    }
