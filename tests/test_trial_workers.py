@@ -103,9 +103,11 @@ class _CrashOnce:
 def test_worker_failure_resumes_from_checkpoint(tmp_path: Path, local_ref: Any) -> None:
     # reference: the same training function uninterrupted in local mode (world size 1 as well)
     ref = local_ref
+    # the callbacks run after an epoch's checkpoint is written and before it is reported, so a
+    # failure in epoch 3's callback restarts the worker from the reported epoch-2 checkpoint
     crashed = run(
         _cfg(tmp_path, "crash", 1, max_failures=1),
-        callbacks=[_CrashOnce(tmp_path / "marker", at=2)],
+        callbacks=[_CrashOnce(tmp_path / "marker", at=3)],
     )
     assert (tmp_path / "marker").exists()
     assert crashed.resumed_from_epoch == 2
