@@ -4,7 +4,8 @@
 reaches `failpoint(name, epoch)` write ``DIR/name.hit`` (its pid) and pause, so that a test can
 kill a chosen process (the driver, a worker) at exactly that moment with SIGKILL; with
 ``CALIBTUNE_FAILPOINT_SKIP=n`` the first ``n`` processes to reach it pass (e.g. to let the first
-trial of a study finish). Production runs never set the variable; the check is one lookup.
+trial of a study finish); ``CALIBTUNE_FAILPOINT_PAUSE_S`` bounds the pause (default 600 s).
+Production runs never set the variable; the check is one lookup.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 __all__ = ["failpoint"]
 
 
-def failpoint(name: str, epoch: int | None = None, pause_s: float = 600.0) -> None:
+def failpoint(name: str, epoch: int | None = None) -> None:
     spec = os.environ.get("CALIBTUNE_FAILPOINT")
     if not spec:
         return
@@ -32,4 +33,4 @@ def failpoint(name: str, epoch: int | None = None, pause_s: float = 600.0) -> No
         (folder / f"{name}.pass{passed}").write_text(str(os.getpid()))
         return
     hit.write_text(str(os.getpid()))
-    time.sleep(pause_s)
+    time.sleep(float(os.environ.get("CALIBTUNE_FAILPOINT_PAUSE_S", "600")))

@@ -176,26 +176,32 @@ def test_driver_sigkill_then_resume_loses_nothing(tmp_path, point, every, epochs
 
 @pytest.mark.timeout(900)
 def test_second_driver_refused_sigterm_stops_cleanly_and_resume_finishes(tmp_path):
-    path = _study(tmp_path, "twodrivers", epochs=6)
+    path = _study(tmp_path, "twodrivers", epochs=4)
+    first = _start(
+        tmp_path,
+        ["run", str(path), "--quiet"],
+        "first.log",
+        CALIBTUNE_FAILPOINT="epoch_end:2",
+        CALIBTUNE_FAILPOINT_PAUSE_S="60",
+    )
+    _wait((tmp_path / "epoch_end.hit").exists, first, "epoch 2")
     sdir = tmp_path / "studies" / "twodrivers"
-    first = _start(tmp_path, ["run", str(path), "--quiet"], "first.log")
-    _wait(lambda: any(sdir.glob("trials/*/checkpoints/epoch_000001")), first, "epoch 1")
-    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "trials" not in p.parts)
+    ours = [sdir / "calibtune_study.json", sdir / "study.yaml", sdir / ".calibtune.lock"]
+    before = ({p: p.read_bytes() for p in ours}, sorted(tmp_path.iterdir()))
 
     second = _cli(tmp_path, "run", str(path), "--quiet", timeout=120)
     assert second.returncode == 2, second.stdout + second.stderr
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in second.stderr
     assert f"pid {first.pid}" in lines[0] and "twodrivers" in lines[0]
-    after = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if "trials" not in p.parts)
-    assert [p for p in after if p not in before and p.suffix != ".log"] == []
+    assert ({p: p.read_bytes() for p in ours}, sorted(tmp_path.iterdir())) == before
 
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=180) == 143, (tmp_path / "first.log").read_text()[-3000:]
     time.sleep(2)
     res = _cli(tmp_path, "resume", "twodrivers", "--storage", str(tmp_path / "studies"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", "twodrivers", 1, 6)
+    _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", "twodrivers", 1, 4)
 
 
 @pytest.mark.timeout(900)
@@ -262,17 +268,22 @@ def test_mlflow_server_killed_mid_study_and_restarted(tmp_path):
     port = _free_port()
     uri = f"http://127.0.0.1:{port}"
     server = _mlflow_server(tmp_path, port)
-    path = _study(tmp_path, "serverkill", epochs=6, samples=2, uri=uri)
-    sdir = tmp_path / "studies" / "serverkill"
-    proc = _start(tmp_path, ["run", str(path), "--quiet"], "run.log")
+    path = _study(tmp_path, "serverkill", epochs=4, samples=2, uri=uri)
+    proc = _start(
+        tmp_path,
+        ["run", str(path), "--quiet"],
+        "run.log",
+        CALIBTUNE_FAILPOINT="epoch_end:2",
+        CALIBTUNE_FAILPOINT_PAUSE_S="5",
+    )
     try:
-        _wait(lambda: any(sdir.glob("trials/*/checkpoints/epoch_000002")), proc, "epoch 2")
+        _wait((tmp_path / "epoch_end.hit").exists, proc, "epoch 2")
         os.killpg(server.pid, signal.SIGKILL)
         server.wait(timeout=30)
-        time.sleep(5)  # logging retries meanwhile (MLflow's HTTP client backs off)
+        time.sleep(15)  # the trial logs epoch 2 meanwhile: MLflow's HTTP client retries
         server = _mlflow_server(tmp_path, port)
         assert proc.wait(timeout=600) == 0, (tmp_path / "run.log").read_text()[-3000:]
-        _assert_nothing_lost(uri, "serverkill", 2, 6)
+        _assert_nothing_lost(uri, "serverkill", 2, 4)
     finally:
         for p in (proc, server):
             if p.poll() is None:

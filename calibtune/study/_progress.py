@@ -42,8 +42,12 @@ def _trial_error(trial: Any) -> str:
 
 
 def study_callbacks(study: StudyConfig, payload: StudyPayload, storage: Path) -> list[Any]:
-    """The callbacks `run_study` gives Tune (classes built here: importing this module does not
-    import Ray)."""
+    """The callbacks `run_study` gives Tune: progress lines with MLflow kept in step, and the
+    storage guard (their classes are built on call: importing this module does not import Ray)."""
+    return [_progress(study, payload), _storage_guard(storage)]
+
+
+def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
     from ray.tune import Callback
 
     objective = study.search.objectives[0]
@@ -95,6 +99,12 @@ def study_callbacks(study: StudyConfig, payload: StudyPayload, storage: Path) ->
                 flush=True,
             )
 
+    return Progress()
+
+
+def _storage_guard(storage: Path) -> Any:
+    from ray.tune import Callback
+
     class StorageGuard(Callback):
         """Stop the study (state saved, resumable) while ``storage`` still has room for it."""
 
@@ -116,4 +126,4 @@ def study_callbacks(study: StudyConfig, payload: StudyPayload, storage: Path) ->
                 )
                 os.kill(os.getpid(), signal.SIGUSR1)  # Tune's graceful stop (state saved)
 
-    return [Progress(), StorageGuard()]
+    return StorageGuard()

@@ -46,6 +46,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
 
 class _Bad(ValueError):
@@ -208,6 +209,7 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     max_failures: int = 0
+    placement_strategy: str = "PACK"  # of the workers' bundles; SPREAD: one node each if possible
 
 
 @dataclass(frozen=True)
@@ -403,6 +405,9 @@ def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
         use_gpu=_bool(d.get("use_gpu", False), "scaling.use_gpu"),
         resources_per_worker=res,
         max_failures=_int(d.get("max_failures", 0), "scaling.max_failures", 0),
+        placement_strategy=_choice(
+            d.get("placement_strategy", "PACK"), "scaling.placement_strategy", PLACEMENT_STRATEGIES
+        ),
     )
 
 

@@ -52,6 +52,7 @@ from calibtune.trial._config import (
     config_to_dict,
     save_config,
 )
+from calibtune.trial._placement import check_placement_on_cluster, record_placement
 
 __all__ = [
     "TrialCallback",
@@ -172,6 +173,7 @@ def run(
             address = os.environ.get("RAY_ADDRESS") or "local"
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         check_resources(cfg, ray.cluster_resources())
+        check_placement_on_cluster(cfg.scaling)  # STRICT_* strategies need fitting nodes
         if in_tune:
             from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -271,6 +273,7 @@ def _run(
         num_workers=cfg.scaling.num_workers,
         use_gpu=cfg.scaling.use_gpu,
         resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
+        placement_strategy=cfg.scaling.placement_strategy,
     )
     run_config = ray.train.RunConfig(
         name=cfg.name,
@@ -310,6 +313,7 @@ def _run(
         epochs_completed=out["epochs_completed"],
         resumed_from_epoch=out["resumed_from_epoch"],
         wall_time_s=time.perf_counter() - t0,
+        extra={"workers": out.get("workers", [])},  # where each rank ran (workers.json)
     )
 
 
@@ -516,6 +520,8 @@ def _train_loop(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | N
         start_epoch = int(state["epoch"])
         history = list(state["history"])
     resumed_from = start_epoch
+    # where each rank runs (collective: every rank, before training)
+    ranks = record_placement(trial_dir / "artifacts", rank, world, start_epoch)
 
     model = ray.train.torch.prepare_model(net) if world > 1 else net
     lr_at = lr_schedule(
@@ -629,6 +635,7 @@ def _train_loop(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | N
         "artifacts_dir": str(art),
         "epochs_completed": len(history),
         "resumed_from_epoch": resumed_from,
+        "workers": ranks,
     }
 
 
