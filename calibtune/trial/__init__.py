@@ -29,7 +29,11 @@ from calibtune.trial._driver import (
     check_resources,
     run,
 )
-from calibtune.trial._placement import TAG_WORKER_NODES, worker_nodes_tag
+from calibtune.trial._placement import (
+    TAG_WORKER_NODES,
+    check_placement_on_cluster,
+    worker_nodes_tag,
+)
 
 __all__ = [
     "TAG_WORKER_NODES",
@@ -47,6 +51,7 @@ __all__ = [
     "TrialResult",
     "apply_overrides",
     "check_data_files",
+    "check_placement_on_cluster",
     "check_resources",
     "config_from_dict",
     "config_to_dict",
