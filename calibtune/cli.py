@@ -12,11 +12,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["SUBCOMMANDS", "bad_input_message", "build_parser", "format_metrics_table", "main"]
+from calibtune._usage import UsageError, bad_input_message
 
-
-class _UsageError(Exception):
-    """Bad input: reported as one line on stderr with exit code 2."""
+__all__ = ["SUBCOMMANDS", "build_parser", "format_metrics_table", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -25,31 +23,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
-
-
-def bad_input_message(exc: BaseException, path: str | os.PathLike[str] | None = None) -> str | None:
-    """One line for an exception that bad input raises (a rejected value, a missing, unreadable
-    or misplaced file, bytes that are not UTF-8, YAML that does not parse), else None.
-
-    ``path`` names the file being read when the exception does not (UnicodeDecodeError)."""
-    import yaml
-
-    name = getattr(exc, "filename", None) or path or "input"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"{name}: expected UTF-8 text, got a byte it cannot decode at offset {exc.start}"
-    if isinstance(exc, FileNotFoundError) and exc.filename:
-        return f"{name}: expected a file or folder, found nothing at that path"
-    if isinstance(exc, (ValueError, FileNotFoundError)):
-        return " ".join(str(exc).split())
-    if isinstance(exc, IsADirectoryError):
-        return f"{name}: expected a file, got a directory"
-    if isinstance(exc, NotADirectoryError):
-        return f"{name}: expected a path through directories, got a file in the way"
-    if isinstance(exc, PermissionError):
-        return f"{name}: expected a path this user may read and write, got permission denied"
-    if isinstance(exc, yaml.YAMLError):
-        return f"{name}: expected valid YAML, got {' '.join(str(exc).split())[:200]}"
-    return None
 
 
 def _add_train(sub: Any) -> None:
@@ -129,34 +102,55 @@ def _row(label: str, values: Sequence[float | None], scale: float, width: int) -
     return f"{label:<{width}}{cells}"
 
 
+def _parsed(metrics: dict[str, float]) -> list[Any]:
+    from calibtune.metrics import keys as K
+
+    out = []
+    for k in metrics:
+        try:
+            out.append(K.parse(k))
+        except ValueError:
+            continue
+    return out
+
+
 def format_metrics_table(metrics: dict[str, float], all_metrics: bool = False) -> str:
     """Final metrics as text: test metrics (%) per post-hoc method, OOD metrics per set, fitted
     post-hoc parameters. ``all_metrics`` adds every report column and OOD metric."""
-    fitted = {k.split("@", 1)[1] for k in metrics if k.startswith("test/") and "@" in k}
-    methods = ["uncalibrated", *sorted(fitted)]
-    cols = [c for c in _MAIN_KEYS if f"test/{c}" in metrics]
+    keys = [k for k in _parsed(metrics) if not k.stat]
+    test = [k for k in keys if k.split == "test"]
+    methods = ["", *sorted({k.method for k in test if k.method})]
+    cols = [c for c in _MAIN_KEYS if any(k.name == c and not k.method for k in test)]
     if all_metrics:
-        cols = sorted({k.split("/", 1)[1].split("@")[0] for k in metrics if k.startswith("test/")})
+        cols = sorted({k.name for k in test})
     lines = ["test metrics (%):", f"{'method':<14}" + "".join(f"{c:>14}" for c in cols)]
     for m in methods:
-        suffix = "" if m == "uncalibrated" else f"@{m}"
-        lines.append(_row(m, [metrics.get(f"test/{c}{suffix}") for c in cols], 100, 14))
-    ood_keys = sorted({k[4:].rsplit("/", 1)[0] for k in metrics if k.startswith("ood/")})
-    if ood_keys:
-        ood_cols = list(_OOD_COLS)
-        if all_metrics:
-            ood_cols = sorted({k.rsplit("/", 1)[1] for k in metrics if k.startswith("ood/")})
-        w = max(14, *(len(k) + 2 for k in ood_keys))
-        lines += ["", "OOD detection (entropy score unless _msp; @ts = after temperature scaling):"]
-        lines.append(f"{'set':<{w}}" + "".join(f"{c:>14}" for c in ood_cols))
-        for key in ood_keys:
-            lines.append(_row(key, [metrics.get(f"ood/{key}/{c}") for c in ood_cols], 1, w))
-    params = sorted(k for k in metrics if k.startswith("posthoc/"))
+        values = [metrics.get(f"test/{c}@{m}" if m else f"test/{c}") for c in cols]
+        lines.append(_row(m or "uncalibrated", values, 100, 14))
+    lines += _ood_lines(metrics, [k for k in keys if k.split == "ood"], all_metrics)
+    params = sorted(str(k) for k in keys if k.split == "posthoc")
     if params:
         width = max(len(k) for k in params)
         lines += ["", "post-hoc parameters (fitted on validation):"]
         lines += [f"{k:<{width}}  {metrics[k]:.4f}" for k in params]
     return "\n".join(lines)
+
+
+def _ood_lines(metrics: dict[str, float], ood: list[Any], all_metrics: bool) -> list[str]:
+    from calibtune.metrics import keys as K
+
+    sources = sorted({K.ood_source(k.ood, k.severity) for k in ood})
+    if not sources:
+        return []
+    cols = list(_OOD_COLS)
+    if all_metrics:
+        cols = sorted({f"{k.name}@{k.method}" if k.method else k.name for k in ood})
+    w = max(14, *(len(s) + 2 for s in sources))
+    lines = ["", "OOD detection (entropy score unless _msp; @ts = after temperature scaling):"]
+    lines.append(f"{'set':<{w}}" + "".join(f"{c:>14}" for c in cols))
+    for src in sources:
+        lines.append(_row(src, [metrics.get(f"ood/{src}/{c}") for c in cols], 1, w))
+    return lines
 
 
 def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
@@ -166,9 +160,9 @@ def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
 
     path = args.config
     if os.path.isdir(path):
-        raise _UsageError(f"CONFIG.yaml: expected a trial-config file, got a directory: {path}")
+        raise UsageError(f"CONFIG.yaml: expected a trial-config file, got a directory: {path}")
     if not os.path.exists(path):
-        raise _UsageError(f"{path}: no such file")
+        raise UsageError(f"{path}: no such file")
     try:
         cfg = load_config(path, overrides)
         key = "--storage-path" if args.storage_path else f"{path}: storage_path"
@@ -177,7 +171,7 @@ def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
         message = bad_input_message(exc, path)
         if message is None or os.environ.get("CALIBTUNE_DEBUG"):
             raise
-        raise _UsageError(message) from None
+        raise UsageError(message) from None
     return cfg
 
 
@@ -187,7 +181,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.num_workers is not None:
         if args.num_workers < 0:
-            raise _UsageError(f"--num-workers: expected an integer >= 0, got {args.num_workers}")
+            raise UsageError(f"--num-workers: expected an integer >= 0, got {args.num_workers}")
         overrides.append(f"scaling.num_workers={args.num_workers}")
     if args.use_gpu is not None:
         overrides.append(f"scaling.use_gpu={'true' if args.use_gpu else 'false'}")
@@ -199,7 +193,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         result = run(cfg)
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
-        raise _UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     except TrialFailedError as e:
         print(f"calibtune train: trial failed: {e}", file=sys.stderr)
         return 1
@@ -216,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args))
-    except _UsageError as e:
+    except UsageError as e:
         print(f"calibtune {args.command}: error: {e}".replace("\n", " "), file=sys.stderr)
         return 2
 

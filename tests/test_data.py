@@ -168,10 +168,17 @@ def test_unknown_dataset_lists_names() -> None:
 
 
 def test_entries_declare_params() -> None:
-    for name in ("cifar10", "cifar100", "tiny_imagenet"):
-        assert [p.name for p in DATASETS.get(name).params] == ["root", "seed", "val_fraction"]
-    for name in ("digits", "mnist1d"):
-        assert [p.name for p in DATASETS.get(name).params] == ["seed", "val_fraction"]
+    # a dataset read from files takes a root; an embedded one does not
+    kinds = {e.name: e.tags & {"files", "embedded"} for e in DATASETS}
+    assert all(len(k) == 1 for k in kinds.values()), kinds
+    assert {n for n, k in kinds.items() if k == {"files"}} == {
+        "cifar10",
+        "cifar100",
+        "tiny_imagenet",
+    }
+    for entry in DATASETS:
+        root = ["root"] if "files" in entry.tags else []
+        assert [p.name for p in entry.params] == [*root, "seed", "val_fraction"], entry.name
 
 
 @pytest.mark.parametrize(
@@ -442,15 +449,38 @@ def test_tiny_imagenet_split_is_deterministic_per_seed(tmp_path: Path) -> None:
     assert a.test.paths == c.test.paths
 
 
+def _tiny_raw(x: torch.Tensor) -> torch.Tensor:
+    """Undo the Tiny-ImageNet normalisation: (3, H, W) float → pixel values on [0, 255]."""
+    mean = torch.tensor((0.4802, 0.4481, 0.3975)).view(3, 1, 1)
+    std = torch.tensor((0.2302, 0.2265, 0.2262)).view(3, 1, 1)
+    return (x * std + mean) * 255
+
+
 def test_tiny_imagenet_greyscale_and_augmentation(tmp_path: Path) -> None:
     folder = write_tiny_imagenet(tmp_path)
-    s = load_splits("tiny_imagenet", root=tmp_path, seed=1)
     grey = folder / "train" / "n02124075" / "images" / "n02124075_0.JPEG"
-    ds = s.train if grey in s.train.paths else s.val
-    x, _ = ds[ds.paths.index(grey)]
-    assert x.shape == (3, 64, 64)
-    if ds is s.val:  # un-augmented: the three channels decode from one grey plane
-        assert torch.allclose((x[0] * 0.2302 + 0.4802), (x[1] * 0.2265 + 0.4481), atol=1e-5)
+    with Image.open(grey) as img:
+        assert img.mode == "L"
+        plane = torch.from_numpy(np.array(img)).float()  # (64, 64)
+    s = load_splits("tiny_imagenet", root=tmp_path, seed=1)
+    # seed 1 trains on the grey file (augmented); the first seed that holds it out (val, not
+    # augmented) gives the decoded plane itself
+    held = next(
+        load_splits("tiny_imagenet", root=tmp_path, seed=k)
+        for k in range(2, 60)
+        if grey in load_splits("tiny_imagenet", root=tmp_path, seed=k).val.paths
+    )
+    assert grey in s.train.paths
+    x, _ = s.train[s.train.paths.index(grey)]
+    v, _ = held.val[held.val.paths.index(grey)]
+    for image in (x, v):  # the three channels decode from one grey plane (crop pad is 0 too)
+        assert image.shape == (3, 64, 64)
+        raw = _tiny_raw(image)
+        torch.testing.assert_close(raw[1], raw[0], atol=1e-3, rtol=0)
+        torch.testing.assert_close(raw[2], raw[0], atol=1e-3, rtol=0)
+    torch.testing.assert_close(_tiny_raw(v)[0], plane, atol=1e-3, rtol=0)
+    colour = _tiny_raw(s.train[s.train.paths.index(grey) - 1][0])  # a colour image differs
+    assert (colour[0] - colour[1]).abs().max() > 10
     torch.manual_seed(0)
     a = s.train[1][0]
     draws = []

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from scipy.io import savemat
 
 import calibtune.data._ood as ood_module
@@ -19,6 +20,7 @@ from calibtune.data import (
     dataset_stats,
     default_ood,
     gaussian_noise_uint8,
+    list_datasets,
     list_ood,
     load_ood,
     load_splits,
@@ -98,8 +100,9 @@ def test_severities_and_default_pairings() -> None:
     assert default_ood("digits") == ["digits_noise", "digits_far"]
     assert default_ood("mnist1d") == ["mnist1d_far"]
     assert default_ood("tiny_imagenet") == []
-    for name in ("cifar10", "cifar100", "digits", "mnist1d"):
-        assert set(default_ood(name)) <= set(list_ood())
+    for name in list_datasets():  # every default pairing is one its OOD set accepts
+        for o in default_ood(name):
+            OOD_SETS.get(o).param("in_distribution").validate(name)  # raises if not allowed
     with pytest.raises(ValueError, match="unknown dataset 'svhn'"):
         default_ood("svhn")
 
@@ -316,16 +319,46 @@ def test_digits_far_patches() -> None:
     assert len(load_ood("digits_far", num_samples=7).dataset) == 7
 
 
-def test_digits_far_patch_is_block_average_of_photo() -> None:
+def test_digits_far_patches_are_block_averages_of_photo_windows() -> None:
     from sklearn.datasets import load_sample_images
 
-    photos = load_sample_images().images
-    grey = (photos[0].astype(float) @ np.array([0.299, 0.587, 0.114])) / 255
-    # the first 4×4 block of a 32×32 patch at (0, 0) is the mean of grey[0:4, 0:4]
-    patch = grey[:32, :32].reshape(8, 4, 8, 4).mean(axis=(1, 3))
-    assert patch[0, 0] == pytest.approx(grey[:4, :4].mean())
-    ours = ood_module._sample_photos_grey()[0]
-    assert np.allclose(ours, grey)
+    luma = np.array([0.299, 0.587, 0.114])
+    photos = [(img.astype(float) @ luma) / 255 for img in load_sample_images().images]
+    # a 32×32 window at (top, left) averaged over 4×4 blocks is box[top + 4i, left + 4j],
+    # box = the 4×4 mean at every pixel
+    boxes = [sliding_window_view(g, (4, 4)).mean(axis=(2, 3)) for g in photos]
+    o = load_ood("digits_far", seed=0, num_samples=6)
+    (mean,), (std,) = dataset_stats("digits")
+    patches = (o.dataset.tensors[0][:, 0].double() * std + mean).numpy()  # (6, 8, 8) on [0, 1]
+    for patch in patches:
+        found = []  # search every window of both photos for the patch
+        for k, box in enumerate(boxes):
+            tops, lefts = np.nonzero(np.abs(box[:-28, :-28] - patch[0, 0]) < 1e-5)
+            for t, left in zip(tops, lefts, strict=True):
+                if np.allclose(box[t : t + 32 : 4, left : left + 32 : 4], patch, atol=1e-5):
+                    found.append((k, t, left))
+        assert found, "a digits_far patch is not the 4×4 block average of any 32×32 window"
+
+
+def test_mnist1d_far_signals_are_standardised_row_segments_of_the_photos() -> None:
+    from sklearn.datasets import load_sample_images
+
+    luma = np.array([0.299, 0.587, 0.114])
+    o = load_ood("mnist1d_far", seed=0, num_samples=3)
+    (mean,), (std,) = dataset_stats("mnist1d")
+    signals = (o.dataset.tensors[0][:, 0].double() * std + mean).numpy()  # (3, 40)
+    found = [False] * len(signals)
+    for img in load_sample_images().images:
+        grey = ((img.astype(float) @ luma) / 255).astype(np.float32)
+        # every 160-pixel row segment averaged over blocks of 4: box[r, start + 4k], k < 40
+        box = sliding_window_view(grey, 4, axis=1).mean(axis=2)
+        segs = sliding_window_view(box, 157, axis=1)[:, :, ::4]  # (rows, starts, 40)
+        centred = segs - segs.mean(axis=2, keepdims=True)
+        # documented: per-signal std 1, with a 1e-3 floor that keeps flat segments flat
+        cand = centred / np.maximum(centred.std(axis=2, keepdims=True), 1e-3)
+        for i, sig in enumerate(signals):
+            found[i] |= bool((np.abs(cand - sig.astype(np.float32)).max(axis=2) < 1e-3).any())
+    assert all(found), found
 
 
 def test_mnist1d_far_signals() -> None:

@@ -22,6 +22,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from calibtune.study._ui import free_port
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -219,14 +221,6 @@ def test_stale_lock_of_a_killed_driver_is_recognised(tmp_path):
     _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", "stale", 1, 2)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _mlflow_server(tmp: Path, port: int) -> subprocess.Popen:
     mlflow = str(Path(sys.executable).parent / "mlflow")
     proc = subprocess.Popen(
@@ -265,7 +259,7 @@ def _mlflow_server(tmp: Path, port: int) -> subprocess.Popen:
 
 @pytest.mark.timeout(900)
 def test_mlflow_server_killed_mid_study_and_restarted(tmp_path):
-    port = _free_port()
+    port = free_port()
     uri = f"http://127.0.0.1:{port}"
     server = _mlflow_server(tmp_path, port)
     path = _study(tmp_path, "serverkill", epochs=4, samples=2, uri=uri)

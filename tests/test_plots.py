@@ -23,9 +23,11 @@ TABLE = {
 
 
 def test_reliability_title_carries_the_table_ece() -> None:
-    fig = plot_reliability({"uncalibrated": TABLE, "ts": TABLE})
+    # the same bins with the counts moved: ECE = 1/4·|0.55−1/3| + 3/4·|0.95−1| = 0.091667
+    other = {**TABLE, "count": [0, 1, 3]}
+    fig = plot_reliability({"uncalibrated": TABLE, "ts": other})
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["uncalibrated (ECE 17.50%)", "ts (ECE 17.50%)"]
+    assert titles == ["uncalibrated (ECE 17.50%)", "ts (ECE 9.17%)"]
 
 
 def test_gamma_dynamics_marks_switches() -> None:
@@ -52,9 +54,15 @@ def test_gamma_dynamics_marks_switches() -> None:
 
 
 def test_roc_legend_has_auc() -> None:
-    fig = plot_roc({"noise/entropy": {"fpr": [0, 0, 1], "tpr": [0, 1, 1]}})
+    # area under (0, 0), (0.5, 1), (1, 1): 0.5·1/2 + 0.5·1 = 0.75; a perfect curve: 1
+    fig = plot_roc(
+        {
+            "noise/entropy": {"fpr": [0, 0.5, 1], "tpr": [0, 1, 1]},
+            "noise/msp@ts": {"fpr": [0, 0, 1], "tpr": [0, 1, 1]},
+        }
+    )
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels == ["noise/entropy (1.000)"]
+    assert labels == ["noise/entropy (0.750)", "noise/msp@ts (1.000)"]
 
 
 def test_save_trial_figures_from_artifact_files(tmp_path: Path) -> None:
@@ -85,5 +93,5 @@ def test_plots_and_ray_never_imported_by_the_core_or_the_loop() -> None:
 
 @pytest.mark.parametrize("empty", [[], None])
 def test_gamma_dynamics_without_updates(empty: list | None) -> None:
-    fig = plot_gamma_dynamics(empty or [])
+    fig = plot_gamma_dynamics(empty)
     assert fig.axes[0].get_title() == "no adaptive-loss updates"

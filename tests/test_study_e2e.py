@@ -186,7 +186,7 @@ def test_ui_serves_the_store_on_loopback(finished):
     import urllib.parse
     import urllib.request
 
-    from calibtune.study._cli import start_ui, stop_ui
+    from calibtune.study._ui import start_ui, stop_ui
 
     _, _, outcome = finished
     proc, url = start_ui(outcome.tracking_uri)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,12 @@ def test_pareto_front_hand_example():
     assert pareto_mask(v, ["min", "min"]).tolist() == [True, True, True, False, False]
     # maximising the second objective: A has the lowest ECE and the highest error -> only A
     assert pareto_mask(v[:4], ["min", "max"]).tolist() == [True, False, False, False]
+
+
+def _inside(value, dist) -> bool:
+    if isinstance(dist, optuna.distributions.CategoricalDistribution):
+        return value in dist.choices
+    return dist.low <= value <= dist.high
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
@@ -67,14 +74,121 @@ def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
         for p in points:
             ostudy.enqueue_trial(p)
     seen = []
-    for i in range(6 if sampler != "grid" else 3):
+    # past TPE's and GP's 10 random start-up trials, so their model-based suggestions are checked
+    for i in range(14 if sampler != "grid" else 3):
         t = ostudy.ask()
         space(t)
         seen.append(t.params)
-        assert all(k == "loss" or k.startswith(t.params["loss"] + "/") for k in t.params)
+        label = t.params["loss"]
+        # exactly the sampled loss's parameters, each inside its declared distribution
+        dists = {f"{label}/{n}": d for n, d in study.loss(label).loss.space.dists.items()}
+        assert set(t.params) == {"loss", *dists}, t.params
+        assert all(_inside(t.params[k], d) for k, d in dists.items()), t.params
         ostudy.tell(t, float(i % 3))
     if sampler == "grid":
         assert seen == conditional_grid(study)
+    else:
+        assert len({p["loss"] for p in seen}) >= 2  # the loss itself is searched
+
+
+# Do the model-based samplers use their model? A cheap objective with a planted optimum over a
+# loss with two continuous parameters (fcl: gamma on [1, 5], lam on [0.1, 3] log), measured in the
+# unit square of the sampler's own coordinates. Uniform points lie ≈0.45 from the optimum on
+# average; a sampler that models the objective puts its last suggestions much closer.
+FCL = {
+    "name": "fcl",
+    "params": {
+        "gamma": {"type": "float", "low": 1.0, "high": 5.0},
+        "lam": {"type": "float", "low": 0.1, "high": 3.0, "log": True},
+    },
+}
+
+
+def _unit(params: dict) -> np.ndarray:
+    return np.array(
+        [(params["fcl/gamma"] - 1.0) / 4.0, math.log(params["fcl/lam"] / 0.1) / math.log(30.0)]
+    )
+
+
+OPTIMUM = _unit({"fcl/gamma": 4.0, "fcl/lam": 1.5})
+
+
+def _drive(tmp_path: Path, sampler: str, losses: list, n_trials: int) -> list[float | None]:
+    """Ask the study's own sampler ``n_trials`` times over its define-by-run space, telling the
+    squared distance to OPTIMUM (other losses: 2, worse than any fcl point); returns each
+    trial's distance (None for another loss)."""
+    raw = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
+    raw["search"].update(sampler=sampler, sampler_seed=0)
+    raw["losses"] = losses
+    path = tmp_path / f"{sampler}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    study = load_study(path)
+    space = define_by_run(study)
+    ostudy = optuna.create_study(sampler=make_sampler(study))
+    out: list[float | None] = []
+    for _ in range(n_trials):
+        t = ostudy.ask()
+        space(t)
+        if t.params["loss"] != "fcl":
+            out.append(None)
+            ostudy.tell(t, 2.0)
+            continue
+        out.append(float(np.linalg.norm(_unit(t.params) - OPTIMUM)))
+        ostudy.tell(t, out[-1] ** 2)
+    return out
+
+
+# (sampler, trials, the last k scored, bound on their mean distance; None: the random control,
+# which must stay above 0.3): TPE and GP start with 10 random trials, CMA-ES with 1 plus
+# generations of 6, NSGA-II with a random population of 50 and evolves slowly; GP fits a Gaussian
+# process per suggestion (≈1 s each on this machine)
+@pytest.mark.parametrize(
+    ("sampler", "n_trials", "last", "bound"),
+    [
+        ("tpe", 30, 10, 0.3),
+        ("cmaes", 30, 10, 0.3),
+        ("gp", 14, 4, 0.3),
+        ("nsga2", 200, 20, 0.4),
+        ("random", 30, 10, None),
+    ],
+)
+def test_model_based_samplers_concentrate_near_a_planted_optimum(
+    tmp_path, sampler, n_trials, last, bound
+):
+    distances = _drive(tmp_path, sampler, [FCL], n_trials)
+    late = float(np.mean(distances[-last:]))
+    if bound is not None:
+        assert late < bound, f"{sampler} did not leave random search: mean distance {late:.3f}"
+    else:  # the control: the same measure on random search stays far
+        assert late > 0.3
+
+
+def _conditional(tmp_path: Path, sampler: str, n_trials: int, last: int) -> tuple[float, float]:
+    """Share of fcl among the last suggestions and their mean distance to OPTIMUM, in a
+    two-loss study where cross-entropy scores worse than any fcl point."""
+    tail = _drive(tmp_path, sampler, ["cross_entropy", FCL], n_trials)[-last:]
+    fcl = [d for d in tail if d is not None]
+    return len(fcl) / last, float(np.mean(fcl)) if fcl else math.inf
+
+
+def test_tpe_learns_the_loss_and_its_parameters_in_a_conditional_space(tmp_path):
+    share, late = _conditional(tmp_path, "tpe", 50, 10)
+    assert share >= 0.7 and late < 0.3, (share, late)
+    share, late = _conditional(tmp_path, "random", 50, 10)  # the control
+    assert share < 0.7 and late > 0.3, (share, late)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: with several losses the per-loss parameters are conditional, so CmaEsSampler "
+    "and GPSampler model only the intersection of the trials' parameters (the categorical "
+    "`loss`; CMA-ES not even that) and sample every loss parameter at random; make_sampler "
+    "hides Optuna's warning (CmaEsSampler(warn_independent_sampling=False))",
+)
+@pytest.mark.parametrize(("sampler", "n_trials"), [("cmaes", 50), ("gp", 20)])
+def test_cmaes_and_gp_learn_loss_parameters_in_a_conditional_space(tmp_path, sampler, n_trials):
+    share, late = _conditional(tmp_path, sampler, n_trials, 10)
+    assert share >= 0.7 and late < 0.3, (share, late)
 
 
 def test_metric_names_round_trip_through_mlflow():

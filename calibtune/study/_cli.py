@@ -8,32 +8,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-@contextmanager
-def _usage(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Turn bad-input exceptions into the CLI's one-line exit-2 errors (`bad_input_message`);
-    ``CALIBTUNE_DEBUG=1`` re-raises them with their traceback, for bug reports."""
-    from calibtune.cli import _UsageError, bad_input_message
-
-    try:
-        yield
-    except Exception as exc:
-        message = bad_input_message(exc, path)
-        if message is None or os.environ.get("CALIBTUNE_DEBUG"):
-            raise
-        raise _UsageError(message) from None
+from calibtune._usage import usage
+from calibtune.study._jobs import follow, job_client, project_root
+from calibtune.study._ui import check_port_free, port_number, start_ui, stop_ui
 
 
 def _common_tracking(p: argparse.ArgumentParser) -> None:
@@ -125,7 +107,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from calibtune.study import load_study, run_study
     from calibtune.study._preflight import preflight_run
 
-    with _usage(args.study):
+    with usage(args.study):
         if args.study_env:
             from calibtune.study._config import study_from_text
 
@@ -173,7 +155,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     from calibtune.study import resume_study
     from calibtune.study._preflight import preflight_resume
 
-    with _usage():
+    with usage():
         preflight_resume(args.study, address=args.address, storage=args.storage)
         outcome = resume_study(
             args.study, address=args.address, storage=args.storage, verbose=0 if args.quiet else 1
@@ -224,7 +206,7 @@ def _finished_study(args: argparse.Namespace) -> Any:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from calibtune.study._results import compare_table, format_table
 
-    with _usage():
+    with usage():
         ref = _finished_study(args)
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
         table = compare_table(ref, metrics, args.sort)
@@ -254,7 +236,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from calibtune.study._preflight import check_out_file
     from calibtune.study._results import format_table, report_table
 
-    with _usage():
+    with usage():
         out = check_out_file(args.out, "--out") if args.out else None
         ref = _finished_study(args)
         table = report_table(ref)
@@ -266,7 +248,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         text = format_table(table, args.format)
     print(text, end="")
     if out is not None:
-        with _usage(out):
+        with usage(out):
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = out.with_name(out.name + ".tmp")
             tmp.write_text(text)
@@ -296,7 +278,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from calibtune.study._preflight import check_dir
     from calibtune.study._results import export_best
 
-    with _usage():
+    with usage():
         if args.top < 1:
             raise ValueError(f"--top: expected an integer >= 1, got {args.top}")
         check_dir(args.out, "--out", min_free=0)
@@ -307,37 +289,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------- cluster jobs
-
-
-def _ray_address(address: str | None) -> str:
-    """The dashboard address (--address, else $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS), checked
-    to accept a TCP connection within 5 s (the job client would retry for minutes)."""
-    from calibtune.study._preflight import check_address
-
-    key, addr = "--address", address
-    for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
-        if not addr and os.environ.get(var):
-            key, addr = f"${var}", os.environ[var]
-    if not addr:
-        raise ValueError(
-            "--address: expected the Ray dashboard address (http://HEAD:8265), got none"
-        )
-    if addr != "auto":
-        check_address(addr, key, "a Ray dashboard", default_port=8265)
-    from calibtune.study._raycluster import client_token_auth
-
-    client_token_auth()
-    return addr
-
-
-def _job_client(address: str | None) -> Any:
-    try:
-        from ray.job_submission import JobSubmissionClient
-    except ImportError:  # pragma: no cover - ray[default] is in the test extras
-        raise ValueError(
-            "submit: expected ray[default] (pip install 'calibtune[cluster]')"
-        ) from None
-    return JobSubmissionClient(_ray_address(address))
 
 
 def _add_submit(sub: Any) -> None:
@@ -369,13 +320,13 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     from calibtune.study._studydir import default_storage, self_contained
     from calibtune.study._tracking import resolve_tracking_uri
 
-    with _usage(args.study):
+    with usage(args.study):
         study = load_study(args.study)
         preflight_submit(study, tracking_uri=args.tracking_uri, storage=args.storage)
-        client = _job_client(args.address)
+        client = job_client(args.address)
         storage = Path(args.storage or study.storage or default_storage()).expanduser().resolve()
         uri = resolve_tracking_uri(args.tracking_uri or study.tracking.uri)
-        root = _project_root(Path(args.study))
+        root = project_root(Path(args.study))
         entry = (
             f"{args.python} -m calibtune run --study-env CALIBTUNE_STUDY_YAML --address auto "
             f"--storage {storage} --tracking-uri {uri} --quiet"
@@ -395,28 +346,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     print(f"submitted study {study.name} as Ray job {job_id}")
     print(f"follow it: calibtune status {job_id} --address {args.address or ''}".rstrip())
     if args.wait:
-        return _follow(client, job_id)
+        return follow(client, job_id)
     return 0
-
-
-def _project_root(study_path: Path) -> Path:
-    """The directory with pyproject.toml above the study (else the working directory)."""
-    for d in [study_path.resolve().parent, *study_path.resolve().parents]:
-        if (d / "pyproject.toml").exists() and (d / "calibtune").is_dir():
-            return d
-    return Path.cwd().resolve()
-
-
-def _follow(client: Any, job_id: str) -> int:
-    from ray.job_submission import JobStatus
-
-    while True:
-        status = client.get_job_status(job_id)
-        if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            print(client.get_job_logs(job_id), end="")
-            print(f"job {job_id}: {status}")
-            return 0 if status == JobStatus.SUCCEEDED else 1
-        time.sleep(2)
 
 
 def _add_status(sub: Any) -> None:
@@ -431,8 +362,8 @@ def _add_status(sub: Any) -> None:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    with _usage():
-        client = _job_client(args.address)
+    with usage():
+        client = job_client(args.address)
         if args.job_id:
             try:
                 info = client.get_job_info(args.job_id)
@@ -457,8 +388,8 @@ def _add_logs(sub: Any) -> None:
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    with _usage():
-        client = _job_client(args.address)
+    with usage():
+        client = job_client(args.address)
         try:
             logs = client.get_job_logs(args.job_id)
         except RuntimeError:
@@ -472,60 +403,6 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- ui
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_ui(uri: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
-    """Start ``mlflow ui`` on 127.0.0.1 (a free port by default); return it once it answers."""
-    port = port or free_port()
-    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [
-            mlflow_bin,
-            "ui",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"mlflow ui exited with {proc.returncode}: {err.strip()[-500:]}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                # an answer while our server has exited came from another one on this port
-                if r.status == 200 and proc.poll() is None:
-                    return proc, url
-        except OSError:
-            time.sleep(0.5)
-    stop_ui(proc)
-    raise RuntimeError(f"mlflow ui did not answer on {url} within 60 s")
-
-
-def stop_ui(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=10)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _add_ui(sub: Any) -> None:
     p = sub.add_parser(
         "ui",
@@ -537,36 +414,11 @@ def _add_ui(sub: Any) -> None:
     p.set_defaults(func=_cmd_ui)
 
 
-def port_number(text: str) -> int:
-    """argparse type of a TCP port: an integer in 1..65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
-    return port
-
-
-def check_port_free(port: int, key: str = "--port") -> None:
-    """Fail unless 127.0.0.1:port can be bound now: a port another server (perhaps another
-    store's MLflow UI) holds would make us print a URL that serves something else."""
-    import errno
-
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError as exc:
-            why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
-            raise ValueError(f"{key}: expected a free port, got {port} ({why})") from None
-
-
 def _cmd_ui(args: argparse.Namespace) -> int:
     from calibtune.study._preflight import check_tracking_uri
     from calibtune.study._tracking import resolve_tracking_uri
 
-    with _usage():
+    with usage():
         uri = resolve_tracking_uri(args.tracking_uri)
         key = "--tracking-uri" if args.tracking_uri else "tracking store (default ./mlflow.db)"
         if uri.startswith(("http://", "https://")):

@@ -51,6 +51,9 @@ def check_cluster(study: Any) -> None:
     """Fail fast when the cluster cannot hold one trial (Ray would wait forever instead)."""
     import ray
 
-    from calibtune.trial import check_resources
+    from calibtune.trial import check_placement_on_cluster, check_resources
 
-    check_resources(study.base_config(), ray.cluster_resources())
+    cfg = study.base_config()
+    check_resources(cfg, ray.cluster_resources())
+    if cfg.scaling.num_workers:  # STRICT_* strategies need nodes that fit (Ray would wait)
+        check_placement_on_cluster(cfg.scaling)

@@ -64,7 +64,8 @@ def study_dir(study: StudyConfig, storage: str | Path | None = None) -> StudyDir
 def _open_parent(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) -> StudyPayload:
     """Open (or reopen) the parent run and record the study's state atomically."""
     existing = sd.read_state() if sd.state_file.is_file() else None
-    uri = resolve_tracking_uri(tracking_uri or (existing and existing.tracking_uri) or None)
+    recorded = existing.tracking_uri if existing else None  # where the parent run already is
+    uri = resolve_tracking_uri(tracking_uri or recorded or study.tracking.uri)
     artifacts = [Path(study.path)] if study.path else []
     artifacts += sorted({Path(c.loss.path) for c in study.losses if c.loss.path})
     parent = open_study_run(

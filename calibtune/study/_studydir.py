@@ -163,7 +163,10 @@ class StudyDir:
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the study's lock for the block; `StudyLockedError` if a live driver holds it."""
+        """Hold the study's lock for the block; `StudyLockedError` if a live driver holds it.
+        A folder this call created and nothing else wrote to is removed again on the way out
+        (a study refused before it started leaves nothing behind)."""
+        created = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -178,6 +181,9 @@ class StudyDir:
             os.pwrite(fd, json.dumps(holder).encode(), 0)
             yield
         finally:
+            if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
+                (self.path / LOCK_FILE).unlink()
+                self.path.rmdir()
             os.close(fd)  # closing the descriptor releases the flock
 
     def _held_by(self, fd: int) -> str:

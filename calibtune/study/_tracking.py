@@ -316,6 +316,10 @@ class MlflowTrialCallback:
             {k: v for k, v in metrics.items() if mlflow_metric_name(k) not in have},
             step=0,
         )
+        from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag
+
+        if artifacts_dir and (nodes := worker_nodes_tag(Path(artifacts_dir))) is not None:
+            client.set_tag(self.run_id, TAG_WORKER_NODES, nodes)  # where the trial's ranks ran
         if artifacts_dir and Path(artifacts_dir).is_dir():
             for item in sorted(Path(artifacts_dir).iterdir()):
                 if item.name == "logits.pt":  # large and re-derivable; kept on disk only

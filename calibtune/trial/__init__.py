@@ -28,10 +28,15 @@ from calibtune.trial._driver import (
     check_data_files,
     check_resources,
     run,
-    train_loop_per_worker,
+)
+from calibtune.trial._placement import (
+    TAG_WORKER_NODES,
+    check_placement_on_cluster,
+    worker_nodes_tag,
 )
 
 __all__ = [
+    "TAG_WORKER_NODES",
     "DataConfig",
     "EvalConfig",
     "LossConfig",
@@ -46,6 +51,7 @@ __all__ = [
     "TrialResult",
     "apply_overrides",
     "check_data_files",
+    "check_placement_on_cluster",
     "check_resources",
     "config_from_dict",
     "config_to_dict",
@@ -54,5 +60,5 @@ __all__ = [
     "run",
     "save_config",
     "save_state",
-    "train_loop_per_worker",
+    "worker_nodes_tag",
 ]

@@ -60,8 +60,12 @@ def save_state(
     loss_fn: nn.Module,
     epoch: int,
     history: list[dict[str, Any]],
+    rngs: list[dict[str, Any]] | None = None,
 ) -> Path:
-    """Write ``directory/state.pt`` atomically (temp file + rename) and return its path."""
+    """Write ``directory/state.pt`` atomically (temp file + rename) and return its path.
+
+    ``rngs``: every rank's RNG state (rank order), so that each rank of a restarted
+    multi-worker trial restores its own; default: this process's only."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     state = {
@@ -70,7 +74,8 @@ def save_state(
         "model": model.state_dict(),
         "optimizer": optimizer.state_dict(),
         "loss": loss_fn.state_dict(),
-        "rng": capture_rng(),
+        "rng": capture_rng() if rngs is None else rngs[0],
+        "rngs": [capture_rng()] if rngs is None else rngs,
         "history": history,
     }
     tmp = d / (CHECKPOINT_FILE + ".tmp")

@@ -56,6 +56,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,7 @@ class ScalingConfig:
     use_gpu: bool = False
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     max_failures: int = 0
+    placement_strategy: str = "PACK"  # of the workers' bundles; SPREAD: one node each if possible
 
 
 @dataclass(frozen=True)
@@ -333,6 +335,9 @@ def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
         use_gpu=check_bool(d.get("use_gpu", False), "scaling.use_gpu"),
         resources_per_worker=res,
         max_failures=check_int(d.get("max_failures", 0), "scaling.max_failures", 0),
+        placement_strategy=check_choice(
+            d.get("placement_strategy", "PACK"), "scaling.placement_strategy", PLACEMENT_STRATEGIES
+        ),
     )
 
 

@@ -7,6 +7,9 @@ so inside a Tune trial the driver is a function trainable calling `run`, which a
 ``ray.tune.integration.ray_train.TuneReportCallback`` to forward rank 0's reports (local mode
 reports to Tune directly, since its reports never leave the process).
 
+This module is the driver side (validation, resume checks, the trainer, the result); the training
+function itself is `calibtune.trial._worker`, the artifact files `calibtune.trial._artifacts`.
+
 Checkpoints: with workers, rank 0 writes ``state.pt`` to a temp dir and reports it; Ray persists it
 under ``<storage_path>/<name>/`` and hands it back through ``ray.train.get_checkpoint()`` after a
 worker failure (``scaling.max_failures``) or when the same ``(storage_path, name)`` runs again.
@@ -20,38 +23,21 @@ import contextlib
 import dataclasses
 import json
 import logging
-import math
 import os
-import random
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-import numpy as np
 import torch
 
-from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
-from calibtune.metrics import keys as K
-from calibtune.trial._checkpoint import (
-    epoch_dir,
-    latest_local_checkpoint,
-    load_state,
-    prune_local_checkpoints,
-    restore_rng,
-    save_state,
-)
-from calibtune.trial._config import (
-    TrialConfig,
-    config_from_dict,
-    config_to_dict,
-    save_config,
-)
+from calibtune.trial._artifacts import jsonable
+from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
+from calibtune.trial._placement import check_placement_on_cluster
+from calibtune.trial._worker import train_loop_per_worker
 
 __all__ = [
     "TrialCallback",
@@ -172,6 +158,7 @@ def run(
             address = os.environ.get("RAY_ADDRESS") or "local"
             ray.init(address=address, include_dashboard=False, log_to_driver=True)
         check_resources(cfg, ray.cluster_resources())
+        check_placement_on_cluster(cfg.scaling)  # STRICT_* strategies need fitting nodes
         if in_tune:
             from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -205,7 +192,7 @@ def _save_result(result: TrialResult) -> None:
         "resumed_from_epoch": result.resumed_from_epoch,
         "wall_time_s": result.wall_time_s,
     }
-    atomic_write(result.trial_dir / RESULT_FILE, json.dumps(_jsonable(payload)))
+    atomic_write(result.trial_dir / RESULT_FILE, json.dumps(jsonable(payload)))
 
 
 def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
@@ -217,7 +204,7 @@ def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
         saved = json.loads(path.read_text())
     except ValueError:  # never written half (atomic), but a hand-edited file is not trusted
         return None
-    if saved.get("config") != json.loads(json.dumps(_jsonable(config_to_dict(cfg)))):
+    if saved.get("config") != json.loads(json.dumps(jsonable(config_to_dict(cfg)))):
         return None
     nan = float("nan")
     return TrialResult(
@@ -258,34 +245,13 @@ def _run(
     run_callbacks: list[Any],
     callbacks: Sequence[TrialCallback],
 ) -> TrialResult:
-    import ray.train
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     payload = {
         "config": config_to_dict(cfg),
         "trial_dir": str(trial_dir),
         "callbacks": list(callbacks),
         "tune_report": bool(local and in_tune),
     }
-    scaling = ray.train.ScalingConfig(
-        num_workers=cfg.scaling.num_workers,
-        use_gpu=cfg.scaling.use_gpu,
-        resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
-    )
-    run_config = ray.train.RunConfig(
-        name=cfg.name,
-        storage_path=str(storage),
-        failure_config=ray.train.FailureConfig(max_failures=cfg.scaling.max_failures),
-        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
-        callbacks=run_callbacks or None,
-    )
-    trainer = TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=payload,
-        scaling_config=scaling,
-        run_config=run_config,
-        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
-    )
+    trainer = _trainer(cfg, storage, payload, run_callbacks)
     t0 = time.perf_counter()
     try:
         result = _fit(trainer, retries=cfg.scaling.max_failures if local else 0)
@@ -310,6 +276,34 @@ def _run(
         epochs_completed=out["epochs_completed"],
         resumed_from_epoch=out["resumed_from_epoch"],
         wall_time_s=time.perf_counter() - t0,
+        extra={"workers": out.get("workers", [])},  # where each rank ran (workers.json)
+    )
+
+
+def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list[Any]) -> Any:
+    """Ray Train's `TorchTrainer` for the trial (gloo on CPU, nccl with GPUs)."""
+    import ray.train
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    scaling = ray.train.ScalingConfig(
+        num_workers=cfg.scaling.num_workers,
+        use_gpu=cfg.scaling.use_gpu,
+        resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
+        placement_strategy=cfg.scaling.placement_strategy,
+    )
+    run_config = ray.train.RunConfig(
+        name=cfg.name,
+        storage_path=str(storage),
+        failure_config=ray.train.FailureConfig(max_failures=cfg.scaling.max_failures),
+        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        callbacks=run_callbacks or None,
+    )
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=payload,
+        scaling_config=scaling,
+        run_config=run_config,
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
     )
 
 
@@ -333,40 +327,6 @@ def _reason(e: BaseException) -> str:
         if "non-finite loss at epoch" in line:
             return line.split("NonFiniteLossError: ")[-1].strip()
     return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
-def _optimizer(cfg: TrialConfig, params: Any) -> torch.optim.Optimizer:
-    o = cfg.optimizer
-    if o.name == "sgd":
-        return torch.optim.SGD(
-            params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov
-        )
-    if o.name == "adam":
-        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
-
-
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, torch.Tensor):
-        return _jsonable(x.detach().cpu().tolist())
-    if isinstance(x, np.ndarray):
-        return _jsonable(x.tolist())
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, Mapping):
-        return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_jsonable(v) for v in x]
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    return x
-
-
-def _scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
-    return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
 
 
 IDENTITY_FILE = "trial_identity.json"
@@ -426,234 +386,3 @@ def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     for name in names:
         D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name)
-
-
-def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
-    from calibtune import data as D
-    from calibtune.training import OODLogits
-
-    names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
-    out = []
-    for name in names:
-        severities = D.ood_severities(name) or (None,)
-        for sev in severities:
-            ood = D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name, severity=sev)
-            key = K.ood_source(name, sev)
-            out.append(OODLogits(key, infer(ood.dataset)[0]))
-    return out
-
-
-def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The Ray Train training function (runs on every worker, or in-process in local mode).
-
-    The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``,
-    default 1), never from the machine, so its numbers do not depend on where it runs."""
-    cfg = config_from_dict(payload["config"])
-    before = torch.get_num_threads()
-    torch.set_num_threads(trial_threads(cfg))
-    try:
-        return _train_loop(cfg, payload)
-    finally:
-        torch.set_num_threads(before)
-
-
-def trial_threads(cfg: TrialConfig) -> int:
-    """Intra-op threads of one trial process: its CPU resources (at least 1)."""
-    return max(1, int(cfg.scaling.resources_per_worker.get("CPU", 1.0)))
-
-
-def _train_loop(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | None:
-    import ray.train
-    import ray.train.torch
-    from ray.train import Checkpoint
-
-    from calibtune.data import load_splits
-    from calibtune.losses import build_loss
-    from calibtune.models import build_model
-    from calibtune.training import LoopSpec, evaluate_final, infer_logits, lr_schedule, train_epochs
-
-    trial_dir = Path(payload["trial_dir"])
-    callbacks: list[TrialCallback] = payload["callbacks"]
-    # Ray 2.60 refuses ray.train.get_context/report/get_checkpoint inside a Tune session; a local
-    # mode trial there is one in-process rank that reports straight to Tune instead
-    via_tune = bool(payload["tune_report"])
-    if via_tune:
-        rank, world = 0, 1
-    else:
-        ctx = ray.train.get_context()
-        rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    local = cfg.scaling.num_workers == 0
-    device = torch.device("cpu")
-    if cfg.scaling.use_gpu:
-        device = torch.device("cuda") if local else ray.train.torch.get_device()
-
-    torch.manual_seed(cfg.seed)
-    random.seed(cfg.seed)
-    splits = load_splits(
-        cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
-    )
-    net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
-    loss_fn = build_loss(cfg.loss.name, **dict(cfg.loss.params)).to(device)
-    optimizer = _optimizer(cfg, net.parameters())
-    # augmentation draws differ per rank; model init (above) is identical on all ranks
-    torch.manual_seed(cfg.seed * 7919 + 1 + rank)
-
-    ckpt_root = trial_dir / "checkpoints"
-    history: list[dict[str, Any]] = []
-    start_epoch = 0
-    state = None
-    ray_ckpt = None if via_tune else ray.train.get_checkpoint()
-    if ray_ckpt is not None:
-        with ray_ckpt.as_directory() as d:
-            state = load_state(d)
-    elif local and (latest := latest_local_checkpoint(ckpt_root)) is not None:
-        state = load_state(latest)
-    if state is not None:
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        loss_fn.load_state_dict(state["loss"])
-        restore_rng(state["rng"])
-        start_epoch = int(state["epoch"])
-        history = list(state["history"])
-    resumed_from = start_epoch
-
-    model = ray.train.torch.prepare_model(net) if world > 1 else net
-    lr_at = lr_schedule(
-        cfg.optimizer.lr,
-        cfg.schedule.name,
-        cfg.train.epochs,
-        cfg.milestones(),
-        cfg.schedule.gamma,
-        cfg.schedule.warmup_epochs,
-    )
-
-    if rank == 0:  # epochs restored from the checkpoint but never logged (killed in between)
-        for cb in callbacks:
-            if hasattr(cb, "on_start"):
-                cb.on_start(history)
-
-    def on_epoch_end(epoch: int, metrics: dict[str, Any], cache: Any) -> None:
-        # order: checkpoint, then log (callbacks), then report — a report blocks until the Tune
-        # driver takes it, so logging first keeps a killed driver from losing a logged epoch
-        history.append(metrics)
-        failpoint("epoch_end", epoch)
-        ckpt = None
-        save = epoch % cfg.train.checkpoint_every == 0 or epoch == cfg.train.epochs
-        if save and rank == 0:
-            state = {"model": net, "optimizer": optimizer, "loss_fn": loss_fn, "history": history}
-            if local:
-                save_state(epoch_dir(ckpt_root, epoch), epoch=epoch, **state)
-                prune_local_checkpoints(ckpt_root, cfg.train.keep_checkpoints)
-            else:
-                tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
-                save_state(tmp, epoch=epoch, **state)
-                ckpt = Checkpoint.from_directory(tmp)
-        failpoint("after_checkpoint", epoch)
-        if rank == 0:
-            for cb in callbacks:
-                cb.on_epoch(epoch, metrics)
-        if not via_tune:
-            ray.train.report(metrics, checkpoint=ckpt)
-        else:
-            from ray import tune
-
-            tune.report(_scalars(metrics))
-
-    spec = LoopSpec(
-        model=model,
-        loss_fn=loss_fn,
-        optimizer=optimizer,
-        lr_at=lr_at,
-        train_set=splits.train,
-        val_set=splits.val,
-        test_set=splits.test,
-        epochs=cfg.train.epochs,
-        batch_size=cfg.train.batch_size,
-        eval_batch_size=cfg.eval.batch_size,
-        n_bins=cfg.eval.n_bins,
-        seed=cfg.seed,
-        grad_clip=cfg.train.grad_clip,
-        device=device,
-        augment=splits.augment,
-        test_every_epoch=cfg.eval.test_every_epoch,
-        loader_workers=cfg.train.loader_workers,
-        rank=rank,
-        world=world,
-        eval_model=net,
-        epoch_posthoc={
-            name: dict(cfg.eval.posthoc.get(name, {})) for name in cfg.eval.epoch_posthoc
-        },
-    )
-    cache = train_epochs(spec, start_epoch=start_epoch, on_epoch_end=on_epoch_end)
-
-    def infer(ds: Any) -> Any:
-        return infer_logits(net, ds, batch_size=cfg.eval.batch_size, device=device)
-
-    if rank != 0:
-        return None
-    if cache is None or cache.test_logits is None:  # resumed after the last epoch
-        val_logits, val_labels = infer(splits.val)
-        test_logits, test_labels = infer(splits.test)
-    else:
-        val_logits, val_labels = cache.val_logits, cache.val_labels
-        test_logits, test_labels = cache.test_logits, cache.test_labels
-    failpoint("final_eval")
-    final = evaluate_final(
-        val_logits,
-        val_labels,
-        test_logits,
-        test_labels,
-        posthoc=cfg.eval.posthoc,
-        ood=_ood_logits(cfg, infer),
-        n_bins=cfg.eval.n_bins,
-    )
-    art = trial_dir / "artifacts"
-    _write_artifacts(
-        art,
-        cfg=cfg,
-        final=final,
-        history=history,
-        gamma_history=list(getattr(loss_fn, "history", []) or []),
-        logits={
-            "val_logits": val_logits,
-            "val_labels": val_labels,
-            "test_logits": test_logits,
-            "test_labels": test_labels,
-        },
-    )
-    for cb in callbacks:
-        cb.on_trial_end(final.metrics, art)
-    return {
-        "metrics": final.metrics,
-        "history": history,
-        "artifacts_dir": str(art),
-        "epochs_completed": len(history),
-        "resumed_from_epoch": resumed_from,
-    }
-
-
-def _write_artifacts(
-    art: Path,
-    *,
-    cfg: TrialConfig,
-    final: Any,
-    history: list[dict[str, Any]],
-    gamma_history: list[Any],
-    logits: dict[str, torch.Tensor],
-) -> None:
-    from calibtune.plots import save_trial_figures
-
-    shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them
-    art.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, art / "config.yaml")
-    (art / "metrics.json").write_text(json.dumps(_jsonable(final.metrics), indent=1))
-    (art / "history.jsonl").write_text("".join(json.dumps(_jsonable(h)) + "\n" for h in history))
-    (art / "reliability.json").write_text(json.dumps(_jsonable(final.reliability)))
-    (art / "posthoc_params.json").write_text(json.dumps(_jsonable(final.posthoc_params)))
-    (art / "gamma_history.json").write_text(json.dumps(_jsonable(gamma_history)))
-    (art / "roc.json").write_text(json.dumps(_jsonable(final.roc)))
-    torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
-    env = {"torch_threads": torch.get_num_threads(), "torch": torch.__version__}
-    (art / "environment.json").write_text(json.dumps(env))
-    if cfg.eval.figures:
-        save_trial_figures(art)

@@ -1,0 +1,95 @@
+"""The MLflow UI process: started on 127.0.0.1 on a free (or a given, checked) port."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["check_port_free", "free_port", "port_number", "start_ui", "stop_ui"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_ui(uri: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``mlflow ui`` on 127.0.0.1 (a free port by default); return it once it answers."""
+    port = port or free_port()
+    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [
+            mlflow_bin,
+            "ui",
+            "--backend-store-uri",
+            uri,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+            raise RuntimeError(f"mlflow ui exited with {proc.returncode}: {err.strip()[-500:]}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                # an answer while our server has exited came from another one on this port
+                if r.status == 200 and proc.poll() is None:
+                    return proc, url
+        except OSError:
+            time.sleep(0.5)
+    stop_ui(proc)
+    raise RuntimeError(f"mlflow ui did not answer on {url} within 60 s")
+
+
+def stop_ui(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=10)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def port_number(text: str) -> int:
+    """argparse type of a TCP port: an integer in 1..65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
+    return port
+
+
+def check_port_free(port: int, key: str = "--port") -> None:
+    """Fail unless 127.0.0.1:port can be bound now: a port another server (perhaps another
+    store's MLflow UI) holds would make us print a URL that serves something else."""
+    import errno
+
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            why = "in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc)).lower()
+            raise ValueError(f"{key}: expected a free port, got {port} ({why})") from None

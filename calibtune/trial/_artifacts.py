@@ -1,0 +1,73 @@
+"""What a finished trial leaves in ``<trial>/artifacts/``: its config, metrics, history, tables
+for the figures, cached logits and the figures themselves (rendered from these files)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from calibtune.trial._config import TrialConfig, save_config
+
+__all__ = ["jsonable", "scalars", "write_artifacts"]
+
+
+def jsonable(x: Any) -> Any:
+    """``x`` with tensors/arrays as lists and non-finite floats as None (JSON has neither)."""
+    if isinstance(x, torch.Tensor):
+        return jsonable(x.detach().cpu().tolist())
+    if isinstance(x, np.ndarray):
+        return jsonable(x.tolist())
+    if isinstance(x, np.generic):
+        return x.item()
+    if isinstance(x, Mapping):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [jsonable(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """The numeric entries of a report (what Tune takes; lists stay in MLflow and artifacts)."""
+    return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+
+
+def write_artifacts(
+    art: Path,
+    *,
+    cfg: TrialConfig,
+    final: Any,
+    history: list[dict[str, Any]],
+    gamma_history: list[Any],
+    logits: dict[str, torch.Tensor],
+) -> None:
+    """Write every artifact file, then (``eval.figures``) the figures made from them."""
+    from calibtune.plots import save_trial_figures
+
+    shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them
+    art.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, art / "config.yaml")
+    files = {
+        "metrics.json": final.metrics,
+        "reliability.json": final.reliability,
+        "posthoc_params.json": final.posthoc_params,
+        "gamma_history.json": gamma_history,
+        "roc.json": final.roc,
+        "environment.json": {"torch_threads": torch.get_num_threads(), "torch": torch.__version__},
+    }
+    for name, data in files.items():
+        (art / name).write_text(
+            json.dumps(jsonable(data), indent=1 if name == "metrics.json" else None)
+        )
+    (art / "history.jsonl").write_text("".join(json.dumps(jsonable(h)) + "\n" for h in history))
+    torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    if cfg.eval.figures:
+        save_trial_figures(art)

@@ -1,0 +1,132 @@
+"""Where a trial's ranks ran: one record per rank, gathered on rank 0 into ``workers.json``.
+
+``scaling.placement_strategy`` decides how Ray places the trial's worker bundles (``PACK``: as few
+nodes as possible; ``SPREAD``: one per node where it can; ``STRICT_*``: or not at all). This module
+records the outcome, so that a study can show that one trial's DDP really spanned several nodes:
+each rank contributes ``{"rank", "node_id", "hostname", "pid"}`` (the Ray node id, the host and
+the process that trained), rank 0 writes them with the attempt's starting epoch to
+``<trial>/artifacts/workers.json`` at the start of every attempt (a restart after a worker failure
+overwrites it), and the study tags the trial's MLflow run with the ranks' node ids
+(`TAG_WORKER_NODES`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "TAG_WORKER_NODES",
+    "WORKERS_FILE",
+    "check_placement",
+    "check_placement_on_cluster",
+    "record_placement",
+    "worker_nodes_tag",
+]
+
+WORKERS_FILE = "workers.json"
+TAG_WORKER_NODES = "calibtune.worker_nodes"  # the ranks' Ray node ids, in rank order, ","-joined
+
+
+def check_placement(
+    strategy: str,
+    num_workers: int,
+    bundle: Mapping[str, float],
+    nodes: Sequence[Mapping[str, float]],
+) -> None:
+    """Fail fast where Ray would wait forever (Ray Train retries the worker-group start every
+    60 s): ``STRICT_SPREAD`` needs ``num_workers`` nodes that each hold one worker's ``bundle``
+    (e.g. ``{"CPU": 1}``), ``STRICT_PACK`` one node that holds them all. ``nodes``: each alive
+    node's total resources (``ray.nodes()[i]["Resources"]``)."""
+
+    def holds(node: Mapping[str, float], times: int) -> bool:
+        return all(float(node.get(k, 0.0)) + 1e-9 >= v * times for k, v in bundle.items())
+
+    want = ", ".join(f"{k} {v:g}" for k, v in sorted(bundle.items()))
+    if strategy == "STRICT_SPREAD":
+        fit = sum(holds(n, 1) for n in nodes)
+        if fit < num_workers:
+            raise ValueError(
+                f"scaling.placement_strategy: STRICT_SPREAD expected {num_workers} nodes with "
+                f"{want} each, got {fit} in the Ray cluster; use SPREAD or fewer workers"
+            )
+    elif (
+        strategy == "STRICT_PACK"
+        and num_workers > 0
+        and not any(holds(n, num_workers) for n in nodes)
+    ):
+        raise ValueError(
+            f"scaling.placement_strategy: STRICT_PACK expected a node with {num_workers} × "
+            f"({want}), got none in the Ray cluster; use PACK or fewer workers"
+        )
+
+
+def check_placement_on_cluster(scaling: Any) -> None:
+    """`check_placement` for a trial's ``scaling`` config against the connected Ray cluster
+    (the worker bundle as `calibtune.trial.check_resources` counts it: ``CPU`` 1 unless given,
+    ``GPU`` 1 with ``use_gpu``)."""
+    import ray
+
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if scaling.use_gpu else {})}
+    bundle.update(scaling.resources_per_worker)
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+    check_placement(scaling.placement_strategy, scaling.num_workers, bundle, nodes)
+
+
+def rank_record(rank: int) -> dict[str, Any]:
+    """This process's place: Ray node id (None outside Ray), host name and pid."""
+    import ray
+
+    node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    return {"rank": rank, "node_id": node, "hostname": socket.gethostname(), "pid": os.getpid()}
+
+
+def gather_ranks(rank: int, world: int) -> list[dict[str, Any]]:
+    """Every rank's `rank_record`, in rank order, on every rank (one all-gather when world > 1:
+    it must be called by all ranks of the process group)."""
+    mine = rank_record(rank)
+    if world <= 1:
+        return [mine]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, mine)
+    return sorted(out, key=lambda r: r["rank"])
+
+
+def write_workers(artifacts: Path, ranks: Sequence[Mapping[str, Any]], start_epoch: int) -> Path:
+    """Write ``workers.json`` (atomically: a reader never sees half a file)."""
+    artifacts.mkdir(parents=True, exist_ok=True)
+    path = artifacts / WORKERS_FILE
+    tmp = path.with_suffix(".tmp")
+    record = {"started_at": time.time(), "start_epoch": start_epoch, "ranks": list(ranks)}
+    tmp.write_text(json.dumps(record, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def record_placement(
+    artifacts: Path, rank: int, world: int, start_epoch: int
+) -> list[dict[str, Any]]:
+    """Gather every rank's place (collective: call on all ranks); rank 0 writes ``workers.json``."""
+    ranks = gather_ranks(rank, world)
+    if rank == 0:
+        write_workers(artifacts, ranks, start_epoch)
+    return ranks
+
+
+def worker_nodes_tag(artifacts: Path) -> str | None:
+    """The `TAG_WORKER_NODES` value from ``workers.json`` (None without the file, or outside
+    Ray, where ranks have no node id)."""
+    path = Path(artifacts) / WORKERS_FILE
+    if not path.is_file():
+        return None
+    nodes = [r["node_id"] for r in json.loads(path.read_text())["ranks"]]
+    if not any(nodes):
+        return None
+    return ",".join(map(str, nodes))[:5000]  # MLflow's tag length limit; all of it is in the file

@@ -1,0 +1,337 @@
+"""The worker side of a trial: the Ray Train training function, in four steps.
+
+`train_loop_per_worker` runs on every Train worker (or in-process in local mode):
+
+1. **build** — data, model, loss and optimiser from the validated config (`_build`);
+2. **resume** — model/optimiser/loss state, this rank's RNG and the epoch history from the latest
+   checkpoint, if any (`_resume`); epochs restored but never logged are logged now;
+3. **report** — after each epoch: checkpoint, log (rank 0's callbacks), then report to Ray Train
+   or Tune (`EpochReporter`): a report blocks until the driver takes it, so logging first keeps
+   a killed driver from losing a logged epoch;
+4. **finalize** — rank 0 fits the post-hoc methods on the cached validation logits, scores test
+   and OOD sets, writes the artifacts and hands the final metrics to the callbacks (`_finalize`).
+
+The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``, default
+1), never from the machine, so its numbers do not depend on where it runs; every rank checkpoints
+its own RNG state, so a restarted multi-worker trial draws what the uninterrupted one drew.
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from calibtune._failpoints import failpoint
+from calibtune.metrics import keys as K
+from calibtune.trial._artifacts import scalars, write_artifacts
+from calibtune.trial._checkpoint import (
+    capture_rng,
+    epoch_dir,
+    latest_local_checkpoint,
+    load_state,
+    prune_local_checkpoints,
+    restore_rng,
+    save_state,
+)
+from calibtune.trial._config import TrialConfig, config_from_dict
+from calibtune.trial._placement import record_placement
+
+__all__ = ["train_loop_per_worker", "trial_threads"]
+
+
+def trial_threads(cfg: TrialConfig) -> int:
+    """Intra-op threads of one trial process: its CPU resources (at least 1)."""
+    return max(1, int(cfg.scaling.resources_per_worker.get("CPU", 1.0)))
+
+
+def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The Ray Train training function; returns rank 0's result (other ranks: None)."""
+    cfg = config_from_dict(payload["config"])
+    before = torch.get_num_threads()
+    torch.set_num_threads(trial_threads(cfg))
+    try:
+        t = _build(cfg, payload)
+        _resume(t)
+        ranks = record_placement(t.trial_dir / "artifacts", t.rank, t.world, t.start_epoch)
+        if t.rank == 0:  # epochs restored from the checkpoint but never logged
+            for cb in t.callbacks:
+                if hasattr(cb, "on_start"):
+                    cb.on_start(t.history)
+        from calibtune.training import train_epochs
+
+        cache = train_epochs(
+            _loop_spec(t), start_epoch=t.start_epoch, on_epoch_end=EpochReporter(t)
+        )
+        return _finalize(t, cache, ranks) if t.rank == 0 else None
+    finally:
+        torch.set_num_threads(before)
+
+
+@dataclass
+class _Trial:
+    """What one rank built: its place in the group, the data, model, loss and optimiser."""
+
+    cfg: TrialConfig
+    trial_dir: Path
+    callbacks: list[Any]
+    via_tune: bool  # a local-mode trial inside Tune reports to Tune directly
+    rank: int
+    world: int
+    device: torch.device
+    splits: Any
+    net: torch.nn.Module  # the plain model (checkpoints, evaluation)
+    model: torch.nn.Module  # what trains: DDP-wrapped when world > 1
+    loss_fn: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    start_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def local(self) -> bool:
+        return self.cfg.scaling.num_workers == 0
+
+
+def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
+    import ray.train
+    import ray.train.torch
+
+    from calibtune.data import load_splits
+    from calibtune.losses import build_loss
+    from calibtune.models import build_model
+
+    # Ray 2.60 refuses ray.train.get_context/report inside a Tune session; a local-mode trial
+    # there is one in-process rank
+    via_tune = bool(payload["tune_report"])
+    rank, world = (0, 1) if via_tune else _rank_world()
+    device = torch.device("cpu")
+    if cfg.scaling.use_gpu:
+        device = (
+            torch.device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
+        )
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    splits = load_splits(
+        cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+    )
+    net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
+    loss_fn = build_loss(cfg.loss.name, **dict(cfg.loss.params)).to(device)
+    optimizer = _optimizer(cfg, net.parameters())
+    # augmentation draws differ per rank; model init (above) is identical on all ranks
+    torch.manual_seed(cfg.seed * 7919 + 1 + rank)
+    model = ray.train.torch.prepare_model(net) if world > 1 else net
+    return _Trial(
+        cfg,
+        Path(payload["trial_dir"]),
+        list(payload["callbacks"]),
+        via_tune,
+        rank,
+        world,
+        device,
+        splits,
+        net,
+        model,
+        loss_fn,
+        optimizer,
+    )
+
+
+def _rank_world() -> tuple[int, int]:
+    import ray.train
+
+    ctx = ray.train.get_context()
+    return ctx.get_world_rank(), ctx.get_world_size()
+
+
+def _optimizer(cfg: TrialConfig, params: Any) -> torch.optim.Optimizer:
+    o = cfg.optimizer
+    if o.name == "sgd":
+        return torch.optim.SGD(
+            params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay, nesterov=o.nesterov
+        )
+    if o.name == "adam":
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def _resume(t: _Trial) -> None:
+    """Load the latest checkpoint (Ray's after a worker restart, else the local folder's)."""
+    import ray.train
+
+    state = None
+    ray_ckpt = None if t.via_tune else ray.train.get_checkpoint()
+    if ray_ckpt is not None:
+        with ray_ckpt.as_directory() as d:
+            state = load_state(d)
+    elif t.local and (latest := latest_local_checkpoint(t.trial_dir / "checkpoints")) is not None:
+        state = load_state(latest)
+    if state is None:
+        return
+    t.net.load_state_dict(state["model"])
+    t.optimizer.load_state_dict(state["optimizer"])
+    t.loss_fn.load_state_dict(state["loss"])
+    rngs = state.get("rngs") or [state["rng"]]
+    restore_rng(rngs[t.rank] if t.rank < len(rngs) else state["rng"])
+    t.start_epoch = int(state["epoch"])
+    t.history = list(state["history"])
+
+
+def _gather_rngs(world: int) -> list[dict[str, Any]]:
+    """Every rank's RNG state (a collective: all ranks call it at the same epochs)."""
+    mine = capture_rng()
+    if world == 1:
+        return [mine]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, mine)
+    return out
+
+
+class EpochReporter:
+    """``on_epoch_end`` of the training loop: checkpoint, log, report — in that order."""
+
+    def __init__(self, t: _Trial) -> None:
+        self.t = t
+
+    def __call__(self, epoch: int, metrics: dict[str, Any], cache: Any) -> None:
+        t = self.t
+        t.history.append(metrics)
+        failpoint("epoch_end", epoch)
+        ckpt = self._checkpoint(epoch)
+        failpoint("after_checkpoint", epoch)
+        if t.rank == 0:
+            for cb in t.callbacks:
+                cb.on_epoch(epoch, metrics)
+        if t.via_tune:
+            from ray import tune
+
+            tune.report(scalars(metrics))
+        else:
+            import ray.train
+
+            ray.train.report(metrics, checkpoint=ckpt)
+
+    def _checkpoint(self, epoch: int) -> Any:
+        """Write this epoch's checkpoint when due; with workers return it for Ray to persist."""
+        t = self.t
+        if epoch % t.cfg.train.checkpoint_every and epoch != t.cfg.train.epochs:
+            return None
+        rngs = _gather_rngs(t.world)
+        if t.rank != 0:
+            return None
+        state = {"model": t.net, "optimizer": t.optimizer, "loss_fn": t.loss_fn}
+        if t.local:
+            root = t.trial_dir / "checkpoints"
+            save_state(epoch_dir(root, epoch), epoch=epoch, history=t.history, rngs=rngs, **state)
+            prune_local_checkpoints(root, t.cfg.train.keep_checkpoints)
+            return None
+        from ray.train import Checkpoint
+
+        tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
+        save_state(tmp, epoch=epoch, history=t.history, rngs=rngs, **state)
+        return Checkpoint.from_directory(tmp)
+
+
+def _loop_spec(t: _Trial) -> Any:
+    from calibtune.training import LoopSpec, lr_schedule
+
+    cfg = t.cfg
+    lr_at = lr_schedule(
+        cfg.optimizer.lr,
+        cfg.schedule.name,
+        cfg.train.epochs,
+        cfg.milestones(),
+        cfg.schedule.gamma,
+        cfg.schedule.warmup_epochs,
+    )
+    return LoopSpec(
+        model=t.model,
+        loss_fn=t.loss_fn,
+        optimizer=t.optimizer,
+        lr_at=lr_at,
+        train_set=t.splits.train,
+        val_set=t.splits.val,
+        test_set=t.splits.test,
+        epochs=cfg.train.epochs,
+        batch_size=cfg.train.batch_size,
+        eval_batch_size=cfg.eval.batch_size,
+        n_bins=cfg.eval.n_bins,
+        seed=cfg.seed,
+        grad_clip=cfg.train.grad_clip,
+        device=t.device,
+        augment=t.splits.augment,
+        test_every_epoch=cfg.eval.test_every_epoch,
+        loader_workers=cfg.train.loader_workers,
+        rank=t.rank,
+        world=t.world,
+        eval_model=t.net,
+        epoch_posthoc={n: dict(cfg.eval.posthoc.get(n, {})) for n in cfg.eval.epoch_posthoc},
+    )
+
+
+def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
+    """Rank 0: post-hoc fits and test/OOD scores on cached logits, artifacts, callbacks."""
+    from calibtune.training import evaluate_final, infer_logits
+
+    cfg = t.cfg
+
+    def infer(ds: Any) -> Any:
+        return infer_logits(t.net, ds, batch_size=cfg.eval.batch_size, device=t.device)
+
+    if cache is None or cache.test_logits is None:  # resumed after the last epoch
+        (val, val_y), (test, test_y) = infer(t.splits.val), infer(t.splits.test)
+    else:
+        val, val_y, test, test_y = (
+            cache.val_logits,
+            cache.val_labels,
+            cache.test_logits,
+            cache.test_labels,
+        )
+    failpoint("final_eval")
+    final = evaluate_final(
+        val,
+        val_y,
+        test,
+        test_y,
+        posthoc=cfg.eval.posthoc,
+        ood=_ood_logits(cfg, infer),
+        n_bins=cfg.eval.n_bins,
+    )
+    art = t.trial_dir / "artifacts"
+    write_artifacts(
+        art,
+        cfg=cfg,
+        final=final,
+        history=t.history,
+        gamma_history=list(getattr(t.loss_fn, "history", []) or []),
+        logits={"val_logits": val, "val_labels": val_y, "test_logits": test, "test_labels": test_y},
+    )
+    for cb in t.callbacks:
+        cb.on_trial_end(final.metrics, art)
+    return {
+        "metrics": final.metrics,
+        "history": t.history,
+        "artifacts_dir": str(art),
+        "epochs_completed": len(t.history),
+        "resumed_from_epoch": t.start_epoch,
+        "workers": ranks,
+    }
+
+
+def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
+    """Logits of every configured OOD set and severity (one inference pass each)."""
+    from calibtune import data as D
+    from calibtune.training import OODLogits
+
+    names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
+    out = []
+    for name in names:
+        for sev in D.ood_severities(name) or (None,):
+            ood = D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name, severity=sev)
+            out.append(OODLogits(K.ood_source(name, sev), infer(ood.dataset)[0]))
+    return out

@@ -1,0 +1,167 @@
+"""A real multi-node Ray cluster on this machine, started the way users start one.
+
+`ray start --head` plus `ray start --address …` per extra node, all on 127.0.0.1 with token auth,
+each node with its own temp root (as on separate machines: two nodes sharing one would
+garbage-collect each other's runtime-env working directories). Every node runs as a process group
+of the test (`ray start --block`) and is torn down by it, never with `ray stop`, which would stop
+every Ray on the machine. The cluster has its own auth token (``RAY_AUTH_TOKEN`` in `client_env`),
+so nothing is read from or written to ``~/.ray``.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibtune.study._ui import free_port
+
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "token",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        **(extra or {}),
+    }
+
+
+@dataclass
+class Node:
+    proc: subprocess.Popen
+    temp_dir: str
+    log: Path
+
+    def raylet_pid(self) -> int:
+        """The node's raylet: the `raylet` process whose session lives under this node's temp
+        root (each node has its own, so this never finds another node's)."""
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"/raylet") and self.temp_dir.encode() in b" ".join(argv):
+                return int(entry.name)
+        raise AssertionError(f"no raylet under {self.temp_dir}:\n{self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        # SIGTERM drains the node for up to 30 s; a test cluster has nothing worth waiting for
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
+            try:
+                os.killpg(self.proc.pid, sig)
+                self.proc.wait(timeout=wait)
+                break
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                continue
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@dataclass
+class Cluster:
+    """A head node and worker nodes; ``gcs`` for `ray.init`/``--address``, ``dashboard`` for
+    Ray Jobs (``calibtune submit``)."""
+
+    logs: Path
+    num_cpus: int
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    dashboard_port: int = field(default_factory=free_port)
+    nodes: list[Node] = field(default_factory=list)
+    token: str = field(default_factory=lambda: secrets.token_hex(32))  # Ray's own token format
+
+    def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """Environment for a process that talks to this cluster (``ray``, ``calibtune``)."""
+        return ray_env({**self.env, "RAY_AUTH_TOKEN": self.token, **(extra or {})})
+
+    @property
+    def gcs(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def _start(self, args: list[str], prefix: str) -> Node:
+        tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: socket paths are limited
+        log = self.logs / f"{Path(tmp).name}.log"
+        common = ["--num-cpus", str(self.num_cpus), "--object-store-memory", str(150 * 1024**2)]
+        argv = [RAY, "start", "--block", "--disable-usage-stats", "--temp-dir", tmp, *common]
+        proc = subprocess.Popen(
+            [*argv, "--node-ip-address", "127.0.0.1", *args],
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=self.client_env(),
+            start_new_session=True,
+        )
+        node = Node(proc, tmp, log)
+        self.nodes.append(node)
+        return node
+
+    def start_head(self) -> Node:
+        dash = ["--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port)]
+        head = self._start(["--head", "--port", str(self.port), *dash], "rh")
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.dashboard}/api/version", timeout=2)
+                return head
+            except urllib.error.HTTPError:  # it answers (401 without the auth token): it is up
+                return head
+            except OSError:
+                assert time.time() < deadline, head.log.read_text()[-3000:]
+                assert head.proc.poll() is None, head.log.read_text()[-3000:]
+                time.sleep(1)
+
+    def add_node(self, expect: int) -> Node:
+        """Start a worker node and wait until ``expect`` nodes are alive."""
+        node = self._start(["--address", self.gcs], "rw")
+        self.wait_nodes(expect)
+        return node
+
+    def alive_nodes(self) -> int:
+        out = subprocess.run(
+            [RAY, "status", "--address", self.gcs],
+            capture_output=True,
+            text=True,
+            env=self.client_env(),
+        ).stdout
+        active = out.split("Active:")[-1].split("Pending:")[0] if "Active:" in out else ""
+        return active.count(" node_")
+
+    def wait_nodes(self, n: int, timeout: float = 120) -> None:
+        deadline = time.time() + timeout
+        while self.alive_nodes() != n:
+            assert time.time() < deadline, f"cluster did not reach {n} alive nodes"
+            time.sleep(1)
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+        self.nodes.clear()
+
+
+def start_cluster(logs: Path, nodes: int, num_cpus: int, env: dict[str, str] | None = None):
+    """Head plus ``nodes - 1`` worker nodes, each with ``num_cpus`` CPUs (stop it with
+    `Cluster.stop`, also when starting failed half-way)."""
+    cluster = Cluster(logs, num_cpus, dict(env or {}))
+    try:
+        cluster.start_head()
+        for n in range(2, nodes + 1):
+            cluster.add_node(expect=n)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
