@@ -213,3 +213,18 @@ def test_metrics_skip_value_checks_only_when_asked() -> None:
     with pytest.raises(ValueError, match=r"probs: expected values in \[0, 1\]"):
         M.ece(unnormalised, y)
     assert M.ece(unnormalised, y, validate_args=False) > 0
+
+
+def test_a_validated_loss_config_builds_its_loss_without_checking_again(param_calls) -> None:
+    cfg = config_from_dict({"loss": {"name": "adafocal", "params": {"lam": 2.0}}})
+    param_calls.clear()
+    loss = cfg.loss.build()
+    assert param_calls == {}
+    reference = build_loss("adafocal", lam=2.0)
+    assert loss.hparams == reference.hparams and loss.update_every == "epoch"
+    assert torch.equal(loss.gammas, reference.gammas) and torch.equal(loss.edges, reference.edges)
+    z, y = _batch()
+    assert torch.equal(loss(z, y), reference(z, y))
+    # cross-parameter rules are not per-value checks: they still run
+    with pytest.raises(ValueError, match=r"flsd: gammas: expected len\(thresholds\) \+ 1 = 2"):
+        type(build_loss("flsd")).from_params(gammas=(5.0,))

@@ -172,8 +172,7 @@ class _BinnedGammaLoss(CalibrationLoss):
     gammas: torch.Tensor
     edges: torch.Tensor
 
-    def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
-        super().__init__(reduction=reduction, **params)
+    def _configure(self) -> None:
         self.n_bins: int = self.hparams["n_bins"]
         self.update_every: str | int = _check_update_every(self.hparams["update_every"], self.name)
         self.register_buffer("gammas", torch.full((self.n_bins,), self._gamma_init(), dtype=_F64))
@@ -275,8 +274,8 @@ class _BinnedGammaLoss(CalibrationLoss):
 
 
 class _AdaFocalRule(_BinnedGammaLoss):
-    def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
-        super().__init__(reduction=reduction, **params)
+    def _configure(self) -> None:
+        super()._configure()
         h = self.hparams
         if not h["gamma_min"] <= h["gamma_init"] <= h["gamma_max"]:
             raise ValueError(

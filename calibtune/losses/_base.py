@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
@@ -28,6 +28,27 @@ class CalibrationLoss(nn.Module):
         super().__init__()
         self.reduction = check_reduction(reduction)
         self.hparams: dict[str, Any] = LOSSES.get(self.name).resolve(**params)
+        self._configure()
+
+    @classmethod
+    def from_params(cls, reduction: str = "mean", **resolved: Any) -> Self:
+        """The loss from hyperparameters the registry resolved already (``Entry.resolve``, e.g.
+        a validated `calibtune.trial.LossConfig`'s ``params``): missing ones take their
+        defaults, none is checked again; cross-parameter rules still apply.
+
+        >>> from calibtune.losses import LOSSES, FocalLoss
+        >>> FocalLoss.from_params(**LOSSES.get("focal").resolve(gamma=2)).hparams
+        {'gamma': 2.0}
+        """
+        obj = cls.__new__(cls)
+        nn.Module.__init__(obj)
+        obj.reduction = check_reduction(reduction)
+        obj.hparams = {**LOSSES.get(cls.name).defaults(), **resolved}
+        obj._configure()
+        return obj
+
+    def _configure(self) -> None:
+        """Cross-parameter rules and buffers from ``self.hparams`` (subclasses extend it)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

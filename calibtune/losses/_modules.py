@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import replace
-from typing import Any
 
 import torch
 
@@ -98,8 +97,7 @@ class FLSDLoss(CalibrationLoss):
     gamma_values: torch.Tensor
     thresholds: torch.Tensor
 
-    def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
-        super().__init__(reduction=reduction, **params)
+    def _configure(self) -> None:
         gammas, thresholds = self.hparams["gammas"], self.hparams["thresholds"]
         if len(gammas) != len(thresholds) + 1:
             raise ValueError(

@@ -81,6 +81,17 @@ class LossConfig:
     name: str = "cross_entropy"
     params: Mapping[str, Any] = field(default_factory=dict)
 
+    def build(self, reduction: str = "mean") -> Any:
+        """The loss module (`calibtune.losses.CalibrationLoss`) from the resolved ``params``,
+        which are not checked a second time.
+
+        >>> LossConfig("focal", {"gamma": 2.0}).build()
+        FocalLoss(gamma=2.0, reduction='mean')
+        """
+        from calibtune.losses import LOSSES
+
+        return LOSSES.get(self.name).factory.from_params(reduction, **self.params)
+
 
 @dataclass(frozen=True)
 class OptimizerConfig:
