@@ -19,8 +19,15 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
 import yaml
+
+
+def rss_mib() -> float:
+    """This process's resident set size (Linux ``/proc/self/status``), MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("VmRSS not found in /proc/self/status")
 
 
 def _study(root: Path, trials: int) -> Path:
@@ -55,14 +62,14 @@ class RssSampler(threading.Thread):
 
     def __init__(self, done: Path, trials: int) -> None:
         super().__init__(daemon=True)
-        self.proc, self.done, self.trials = psutil.Process(), done, trials
+        self.done, self.trials = done, trials
         self.samples: list[tuple[int, float]] = []
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
             finished = len(list(self.done.glob("trials/*/result.json")))
-            self.samples.append((finished, self.proc.memory_info().rss / 1024**2))
+            self.samples.append((finished, rss_mib()))
 
 
 def _du(path: Path) -> float:
@@ -83,7 +90,7 @@ def main() -> int:
 
     study = load_study(_study(root, args.trials))
     sampler = RssSampler(root / "studies" / study.name, args.trials)
-    rss_start = psutil.Process().memory_info().rss / 1024**2
+    rss_start = rss_mib()
     t0 = time.time()
     sampler.start()
     outcome = run_study(study, verbose=0)
