@@ -16,8 +16,11 @@ class CalibrationLoss(nn.Module):
 
     Hyperparameters are validated against the registry entry ``name`` at construction, with
     defaults filled from it (the only place defaults live); ``self.hparams`` holds the resolved
-    values. ``forward(logits (B, K), targets (B,) int64)`` returns the loss reduced by
-    ``reduction`` (``"mean"`` over the batch by default; the seed papers' code sums).
+    values, which ``forward`` passes with ``validate_args=False`` (never re-checked per batch).
+    `from_params` builds from values resolved already; subclasses put cross-parameter rules
+    and buffers in ``_configure``, which both paths run.
+    ``forward(logits (B, K), targets (B,) int64)`` returns the loss reduced by ``reduction``
+    (``"mean"`` over the batch by default; the seed papers' code sums).
     ``adaptive`` is True for losses whose state is updated from validation statistics.
     """
 
