@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -47,7 +47,10 @@ from calibtune.metrics.validation import ArrayLike, as_tensor, check_probs
 from ._base import PosthocCalibrator
 from ._grid import binned_criterion_grid, first_minimum
 from ._temperature import (
+    CRITERION,
     DEFAULT_FOCAL_TEMPERATURES,
+    N_BINS,
+    TEMPERATURES,
     _beta,
     _shifted,
     temperature_grid,
@@ -362,10 +365,8 @@ class FocalTemperatureScaling(PosthocCalibrator):
 
     name = "focal_ts"
     PARAMS = (
-        Param(
-            "criterion",
-            kind="categorical",
-            choices=("ece", "adaece", "nll"),
+        replace(
+            CRITERION,
             doc="validation criterion: adaece (equal-mass ECE, the seed's), ece (equal-width) or "
             "nll",
         ),
@@ -378,15 +379,8 @@ class FocalTemperatureScaling(PosthocCalibrator):
             doc="grid of γ_ev (> −1); None = the seed's "
             "{−0.5, −0.25, 0.05, 0.25, 0.37, 0.5, 0.75, 1, 5}",
         ),
-        Param(
-            "temperatures",
-            kind="float_list",
-            low=0.0,
-            low_open=True,
-            searchable=False,
-            doc="grid of T; None = the seed's {0.01, 0.02, …, 5.00}",
-        ),
-        Param("n_bins", kind="int", low=1, searchable=False, doc="bins of the ECE criterion"),
+        replace(TEMPERATURES, doc="grid of T; None = the seed's {0.01, 0.02, …, 5.00}"),
+        N_BINS,
     )
 
     def __init__(
