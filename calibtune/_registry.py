@@ -16,7 +16,7 @@ factory receives checked values. A `Param` may leave its default to the factory'
 >>> reg.build("w", gamma=-1)
 Traceback (most recent call last):
 ...
-ValueError: w: gamma: expected a number in [0, inf), got -1
+calibtune._validate.ValidationError: w: gamma: expected a number in [0, inf), got -1
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
+from calibtune._validate import fail
+
 T = TypeVar("T")
 
 ParamKind = Literal["float", "int", "bool", "str", "categorical", "float_list", "any"]
@@ -35,6 +37,13 @@ ParamKind = Literal["float", "int", "bool", "str", "categorical", "float_list", 
 
 def _fmt(value: Any) -> str:
     return repr(value)
+
+
+class _Invalid:
+    """What `Param._coerce` returns for a value that breaks the rule."""
+
+
+_INVALID: Any = _Invalid()
 
 
 class _FromSignature:
@@ -90,51 +99,43 @@ class Param:
         return not (self.high is not None and (x >= self.high if self.high_open else x > self.high))
 
     def validate(self, value: Any, owner: str = "") -> Any:
-        """Return ``value`` coerced to the declared kind or raise ``ValueError``."""
-        where = f"{owner}: " if owner else ""
-        bad = ValueError(f"{where}{self.name}: expected {self.describe()}, got {_fmt(value)}")
-        if self.kind == "any":
+        """Return ``value`` coerced to the declared kind or raise ``ValueError``
+        (`calibtune._validate.ValidationError`: ``owner: name: expected <describe()>, got v``)."""
+        out = self._coerce(value)
+        if out is _INVALID:
+            raise fail(f"{owner}: {self.name}" if owner else self.name, self.describe(), value)
+        return out
+
+    def _coerce(self, value: Any) -> Any:
+        """``value`` in the declared kind (ints for ``int``, floats, tuples of floats), or
+        `_INVALID` when it breaks the rule."""
+        kind = self.kind
+        if kind == "any":
             return value
-        if self.kind == "categorical":
-            if self.choices is not None and value not in self.choices:
-                raise bad
-            return value
-        if self.kind == "bool":
-            if not isinstance(value, bool):
-                raise bad
-            return value
-        if self.kind == "str":
-            if not isinstance(value, str):
-                raise bad
-            return value
-        if self.kind == "int":
+        if kind == "categorical":
+            return value if self.choices is None or value in self.choices else _INVALID
+        if kind in ("bool", "str"):
+            return value if isinstance(value, bool if kind == "bool" else str) else _INVALID
+        if kind == "int":
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
             if isinstance(value, bool) or not isinstance(value, int):
-                if isinstance(value, float) and value.is_integer():
-                    value = int(value)
-                else:
-                    raise bad
-            if not self.in_range(value):
-                raise bad
-            return int(value)
-        if self.kind == "float":
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise bad
-            value = float(value)
-            if not self.in_range(value):
-                raise bad
-            return value
-        if self.kind == "float_list":
+                return _INVALID
+            return int(value) if self.in_range(value) else _INVALID
+        if kind == "float":
+            return self._number(value)
+        if kind == "float_list":
             if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-                raise bad
-            out = []
-            for v in value:
-                if isinstance(v, bool) or not isinstance(v, (int, float)):
-                    raise bad
-                if not self.in_range(float(v)):
-                    raise bad
-                out.append(float(v))
-            return tuple(out)
-        raise AssertionError(f"unhandled kind {self.kind}")
+                return _INVALID
+            out = tuple(self._number(v) for v in value)
+            return _INVALID if _INVALID in out else out
+        raise AssertionError(f"unhandled kind {kind}")
+
+    def _number(self, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return _INVALID
+        value = float(value)
+        return value if self.in_range(value) else _INVALID
 
 
 def defaults_from_signature(fn: Callable[..., Any], params: Sequence[Param]) -> tuple[Param, ...]:

@@ -12,7 +12,7 @@ Each loss checks its hyperparameters on every call; a loop that already validate
 >>> focal_loss(z, y, -1.0)
 Traceback (most recent call last):
 ...
-ValueError: focal_loss: gamma: expected a number in [0, inf), got -1.0
+calibtune._validate.ValidationError: focal_loss: gamma: expected a number in [0, inf), got -1.0
 """
 
 from ._adafocal import (
