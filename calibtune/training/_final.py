@@ -153,8 +153,9 @@ def _ood_metrics(
             for score in OOD_SCORES:
                 for measure in K.OOD_MEASURES:
                     name = K.ood_key(item.key, measure, score, method_name)
-                    out.metrics[name] = measures[measure](p_in, p_out, score)
-                fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score)
+                    # softmax/calibrate outputs are valid probabilities by construction
+                    out.metrics[name] = measures[measure](p_in, p_out, score, validate_args=False)
+                fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score, validate_args=False)
                 suffix = f"@{method_name}" if method_name else ""
                 out.roc[f"{item.key}/{score}{suffix}"] = _thin(fpr, tpr, roc_points)
 

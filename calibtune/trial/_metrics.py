@@ -50,9 +50,7 @@ def ood_sources(cfg: TrialConfig) -> list[str]:
 def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[str]:
     """Every metric key a trial run with ``cfg`` reports (its epoch reports and its final
     metrics); ``posthoc_params=False`` leaves out ``posthoc/<method>/<param>`` (no fitting)."""
-    from calibtune.losses import build_loss
-
-    loss = build_loss(cfg.loss.name, **dict(cfg.loss.params))
+    loss = cfg.loss.build()
     params: Mapping[str, tuple[str, ...]] | None = None
     if posthoc_params:
         params = {

@@ -103,7 +103,6 @@ def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
     import ray.train.torch
 
     from calibtune.data import load_splits
-    from calibtune.losses import build_loss
     from calibtune.models import build_model
 
     # Ray 2.60 refuses ray.train.get_context/report inside a Tune session; a local-mode trial
@@ -121,7 +120,7 @@ def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
         cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
     )
     net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
-    loss_fn = build_loss(cfg.loss.name, **dict(cfg.loss.params)).to(device)
+    loss_fn = cfg.loss.build().to(device)  # params validated with the config
     optimizer = _optimizer(cfg, net.parameters())
     # augmentation draws differ per rank; model init (above) is identical on all ranks
     torch.manual_seed(cfg.seed * 7919 + 1 + rank)
