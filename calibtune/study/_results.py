@@ -90,6 +90,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             "run_id": r.info.run_id,
             "status": status,
             "reason": r.data.tags.get(TAG_ERROR, ""),
+            "start_time": r.info.start_time,  # ms since the epoch (trial order)
         }
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
@@ -99,7 +100,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id"]
+    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id", "start_time"]
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
