@@ -128,8 +128,7 @@ def _fake_trials(uri, exp_id, parent, rows):
 
 def test_parent_run_summarises_the_study(tmp_path):
     from calibtune.study._optuna import persist_ended
-    from calibtune.study._summary import best_key, summarize_study
-    from calibtune.study._summary import load_optuna_study
+    from calibtune.study._summary import best_key, load_optuna_study, summarize_study
 
     study = _study_file(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
