@@ -233,3 +233,42 @@ def test_optuna_storage_key_is_checked(tmp_path):
     path.write_text(base % "not a url")
     with pytest.raises(StudyError, match=r"search\.optuna_storage: expected a SQLAlchemy URL"):
         load_study(path)
+
+
+# ----------------------------------------------------------------------------- export provenance
+
+
+def test_provenance_block_round_trips_and_names_version_drift(tmp_path, capsys):
+    import yaml
+
+    from calibtune._provenance import (
+        installed_versions,
+        provenance_comment,
+        read_provenance,
+        version_drift,
+    )
+    from calibtune.cli import _warn_version_drift
+
+    prov = {
+        "git_sha": "abc",
+        **installed_versions(),
+        "objective": {"metric": "val/ece@ts", "value": 0.012},
+        "rerun": "calibtune train x.yaml",
+    }
+    text = "# exported\n" + provenance_comment(prov) + "name: x\nseed: 1\n"
+    assert read_provenance(text) == prov
+    assert yaml.safe_load(text) == {"name": "x", "seed": 1}  # still a plain trial config
+    assert read_provenance("name: x\n") is None
+    assert version_drift(prov, installed_versions()) == []
+    old = {**prov, "torch": "1.0.0"}
+    assert version_drift(old, installed_versions()) == [
+        f"torch 1.0.0 -> {installed_versions()['torch']}"
+    ]
+    path = tmp_path / "x.yaml"
+    path.write_text(provenance_comment(old) + "name: x\n")
+    _warn_version_drift(str(path))
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "torch 1.0.0 -> " in err
+    path.write_text(provenance_comment(prov) + "name: x\n")
+    _warn_version_drift(str(path))
+    assert capsys.readouterr().err == ""

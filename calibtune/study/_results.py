@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from calibtune._provenance import installed_versions, provenance_comment
 from calibtune.metrics import keys as K
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
@@ -319,6 +320,7 @@ def export_best(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     client = _client(ref.tracking_uri)
+    parent_tags = client.get_run(ref.parent_run_id).data.tags
     written = []
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         run_id = row["run_id"]
@@ -345,11 +347,32 @@ def export_best(
             f"# exported by `calibtune export` from study {ref.name!r}, trial {row['trial_id']} "
             f"(MLflow run {run_id}), rank {rank} by {metric or ref.objectives[0][0]}\n"
         )
+        prov = _provenance(ref, row, metric or ref.objectives[0][0], target, parent_tags)
         tmp_target = target.with_suffix(".yaml.tmp")
-        tmp_target.write_text(header + yaml.safe_dump(cfg, sort_keys=False))
+        tmp_target.write_text(
+            header + provenance_comment(prov) + yaml.safe_dump(cfg, sort_keys=False)
+        )
         shutil.move(str(tmp_target), target)
         written.append(target)
     return written
+
+
+def _provenance(
+    ref: StudyRef, row: pd.Series, metric: str, target: Path, parent_tags: dict[str, str]
+) -> dict[str, Any]:
+    """What produced an exported trial: the versions and git SHA the study recorded on its parent
+    run (installed ones where it recorded none), its source and objective, how to re-run it."""
+    installed = installed_versions()
+    return {
+        "git_sha": parent_tags.get("calibtune.git_sha", "unknown"),
+        **{k: parent_tags.get(f"version.{k}", v) for k, v in installed.items()},
+        "study": ref.name,
+        "trial": str(row["trial_id"]),
+        "mlflow_run": str(row["run_id"]),
+        "tracking_uri": ref.tracking_uri,
+        "objective": {"metric": metric, "value": float(row[metric])},
+        "rerun": f"calibtune train {target}",
+    }
 
 
 __all__ = [
