@@ -2,9 +2,10 @@
 
 Objectives are validation metrics; every epoch report of the trial engine carries them (post-hoc
 objectives such as ``val/ece@ts`` are evaluated each epoch through ``eval.epoch_posthoc``), which
-OptunaSearch and ASHA require. A trial stopped early by ASHA reaches Optuna as COMPLETE with the
-value of its last epoch (Ray's OptunaSearch does not mark it PRUNED); its MLflow run is marked
-``stopped``. A failed trial reaches Optuna as FAIL and MLflow as ``failed`` with its reason.
+OptunaSearch and ASHA require. A trial stopped early by ASHA reaches the sampler as COMPLETE with
+the value of its last epoch (Ray's OptunaSearch does not mark it PRUNED), the persisted Optuna
+study (`optuna_storage_url`) as PRUNED; its MLflow run is marked ``stopped``. A failed trial
+reaches Optuna as FAIL and MLflow as ``failed`` with its reason.
 
 The driver holds the study directory's lock for the whole run, so a second driver on the same
 study refuses at once. SIGINT and SIGTERM stop the study the way Tune stops on Ctrl-C (state
