@@ -7,7 +7,9 @@ hyperparameters (named ``<label>/<param>``), then any searched trial-config keys
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 from optuna.distributions import (
@@ -119,15 +121,29 @@ def flat_params(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines ("Using an existing study ...") off while the driver records trials."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
 def open_optuna_study(study: StudyConfig, storage: str) -> Any:
     """The study's Optuna study in ``storage`` (created on first use, directions from the
     objectives)."""
     import optuna
 
     directions = ["minimize" if o.mode == "min" else "maximize" for o in study.search.objectives]
-    return optuna.create_study(
-        study_name=study.name, storage=storage, directions=directions, load_if_exists=True
-    )
+    with quiet_optuna():
+        return optuna.create_study(
+            study_name=study.name, storage=storage, directions=directions, load_if_exists=True
+        )
 
 
 def record_trial(

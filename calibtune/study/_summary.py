@@ -204,7 +204,10 @@ def load_optuna_study(name: str, storage: str) -> Any | None:
     """The study's Optuna study from its RDB storage, or None when it has none yet."""
     import optuna
 
+    from calibtune.study._optuna import quiet_optuna
+
     try:
-        return optuna.load_study(study_name=name, storage=storage)
+        with quiet_optuna():
+            return optuna.load_study(study_name=name, storage=storage)
     except KeyError:  # no study of that name in the storage (yet)
         return None
