@@ -272,3 +272,19 @@ def test_provenance_block_round_trips_and_names_version_drift(tmp_path, capsys):
     path.write_text(provenance_comment(prov) + "name: x\n")
     _warn_version_drift(str(path))
     assert capsys.readouterr().err == ""
+
+
+def test_dashboard_cli_refuses_a_study_without_optuna_storage_in_one_line(tmp_path, capsys):
+    from calibtune.cli import main
+    from calibtune.study._studydir import StudyDir, StudyState
+
+    study = _study_file(tmp_path)
+    sd = StudyDir.at(study.name, study.storage)
+    sd.path.mkdir(parents=True)
+    sd.write_study(study)
+    sd.write_state(StudyState(f"sqlite:///{tmp_path / 'mlflow.db'}", "1", "r", None))
+    assert main(["dashboard", str(sd.path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected the study's Optuna storage sqlite:///" in err[0], err
+    assert main(["dashboard", "no_such_study", "--storage", str(tmp_path)]) == 2
+    assert "expected a study that has run" in capsys.readouterr().err
