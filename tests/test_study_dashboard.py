@@ -202,6 +202,7 @@ def test_optuna_records_ended_trials_with_their_state(tmp_path):
     assert t.state == optuna.trial.TrialState.COMPLETE and t.values == [0.1, 0.2]
     assert t.params == {"loss": "focal", "focal/gamma": 2.0}
     assert len(ot.directions) == 2
+    assert ot.metric_names == ["val/ece@ts", "val/error"]
     assert param_importances(ot) == ({}, "1 finished trial(s) in Optuna, 2 needed")
     assert param_importances(None)[1] == "no Optuna storage"
 

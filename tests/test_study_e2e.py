@@ -119,10 +119,12 @@ def test_dashboard_serves_the_optuna_study_on_loopback(finished):
     try:
         assert url.startswith("http://127.0.0.1:")
         with urllib.request.urlopen(f"{url}/api/studies") as r:
-            studies = _json.loads(r.read())["studies"]
+            studies = _json.loads(r.read())["study_summaries"]
         assert [s["study_name"] for s in studies] == ["e2e"]
         with urllib.request.urlopen(f"{url}/api/studies/{studies[0]['study_id']}") as r:
-            assert len(_json.loads(r.read())["trials"]) == 4
+            detail = _json.loads(r.read())
+        assert len(detail["trials"]) == 4
+        assert detail["objective_names"] == ["val/ece@ts"]
     finally:
         stop_ui(proc)
 

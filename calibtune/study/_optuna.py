@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -141,9 +142,15 @@ def open_optuna_study(study: StudyConfig, storage: str) -> Any:
 
     directions = ["minimize" if o.mode == "min" else "maximize" for o in study.search.objectives]
     with quiet_optuna():
-        return optuna.create_study(
+        ot_study = optuna.create_study(
             study_name=study.name, storage=storage, directions=directions, load_if_exists=True
         )
+    names = [o.metric for o in study.search.objectives]
+    if ot_study.metric_names != names:  # the dashboards' axis titles
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            ot_study.set_metric_names(names)
+    return ot_study
 
 
 def record_trial(
