@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import tempfile
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -168,7 +169,9 @@ def param_importances(optuna_study: Any | None) -> tuple[Mapping[str, float], st
         return {}, f"{len(complete)} finished trial(s) in Optuna, 2 needed"
     try:
         target = (lambda t: t.values[0]) if len(optuna_study.directions) > 1 else None
-        imp = optuna.importance.get_param_importances(optuna_study, target=target)
+        with warnings.catch_warnings():  # "few trials per regime": the figure says what it is
+            warnings.simplefilter("ignore", UserWarning)
+            imp = optuna.importance.get_param_importances(optuna_study, target=target)
     except (ValueError, RuntimeError) as exc:  # e.g. a single distinct value per parameter
         return {}, " ".join(str(exc).split())[:200]
     imp = {k: float(v) for k, v in imp.items() if math.isfinite(float(v))}
