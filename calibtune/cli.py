@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from calibtune._usage import UsageError, bad_input_message
@@ -175,6 +176,24 @@ def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
     return cfg
 
 
+def _warn_version_drift(path: str) -> None:
+    """One line on stderr when an exported config's recorded library versions differ from the
+    installed ones (the results may then differ from the study's)."""
+    from calibtune._provenance import installed_versions, read_provenance, version_drift
+
+    try:
+        prov = read_provenance(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return
+    drift = version_drift(prov or {}, installed_versions())
+    if drift:
+        print(
+            f"calibtune train: warning: {path} was exported with other versions "
+            f"({', '.join(drift)}); results may differ from its study's",
+            file=sys.stderr,
+        )
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from calibtune.trial import TrialFailedError, run
 
@@ -190,6 +209,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.name:
         overrides.append(f"name={args.name}")
     cfg = _train_config(args, overrides)
+    _warn_version_drift(args.config)
     try:
         result = run(cfg)
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling

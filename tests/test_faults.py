@@ -174,6 +174,11 @@ def test_driver_sigkill_then_resume_loses_nothing(tmp_path, point, every, epochs
     for p, mtime in done_before.items():  # a trial that had finished was not run again
         assert p.stat().st_mtime_ns == mtime, p
     assert len(_compare_rows(tmp_path, sdir)) == samples
+    import optuna  # the persisted Optuna study: one COMPLETE trial per Tune trial, no orphans
+
+    ot = optuna.load_study(study_name=name, storage=f"sqlite:///{sdir / 'optuna.db'}")
+    assert [t.state.name for t in ot.trials] == ["COMPLETE"] * samples
+    assert len({t.user_attrs["tune_trial_id"] for t in ot.trials}) == samples
 
 
 @pytest.mark.timeout(900)

@@ -78,6 +78,55 @@ def test_parent_and_children_structure(finished):
     assert len(children) == 4
     assert all(c.info.status == "FINISHED" for c in children)
     assert len({c.data.tags["calibtune.trial_id"] for c in children}) == 4
+    exp = client.get_experiment(outcome.experiment_id)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert exp.tags["mlflow.note.content"].startswith("calibtune study")
+
+
+def test_parent_run_summary_and_optuna_storage(finished):
+    import optuna
+
+    _, _, outcome = finished
+    client = MlflowClient(outcome.tracking_uri)
+    parent = client.get_run(outcome.parent_run_id)
+    children = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    best = min(children, key=lambda c: c.data.metrics["val/ece.ts"])
+    assert parent.data.metrics["study/best_val_ece.ts"] == best.data.metrics["val/ece.ts"]
+    assert parent.data.tags["calibtune.best_trial"] == best.data.tags["calibtune.trial_id"]
+    assert parent.data.params["num_samples"] == "4" and parent.data.params["data"] == "digits"
+    arts = {a.path for a in client.list_artifacts(outcome.parent_run_id, "summary")}
+    assert {"summary/compare.csv", "summary/report.md", "summary/figures"} <= arts, arts
+    figs = {a.path for a in client.list_artifacts(outcome.parent_run_id, "summary/figures")}
+    assert "summary/figures/objective.png" in figs and "summary/figures/ece_vs_params.png" in figs
+    ot = optuna.load_study(study_name="e2e", storage=f"sqlite:///{outcome.storage / 'optuna.db'}")
+    assert [t.state.name for t in ot.trials] == ["COMPLETE"] * 4
+    by_tune = {t.user_attrs["tune_trial_id"]: t.values[0] for t in ot.trials}
+    assert by_tune == {
+        c.data.tags["calibtune.trial_id"]: c.data.metrics["val/ece.ts"] for c in children
+    }
+
+
+def test_dashboard_serves_the_optuna_study_on_loopback(finished):
+    import json as _json
+    import urllib.request
+
+    from calibtune.study._ui import start_dashboard, stop_ui
+
+    _, _, outcome = finished
+    proc, url = start_dashboard(f"sqlite:///{outcome.storage / 'optuna.db'}")
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{url}/api/studies") as r:
+            studies = _json.loads(r.read())["study_summaries"]
+        assert [s["study_name"] for s in studies] == ["e2e"]
+        with urllib.request.urlopen(f"{url}/api/studies/{studies[0]['study_id']}") as r:
+            detail = _json.loads(r.read())
+        assert len(detail["trials"]) == 4
+        assert detail["objective_names"] == ["val/ece@ts"]
+    finally:
+        stop_ui(proc)
 
 
 def test_children_carry_only_their_loss_params_and_all_metrics(finished):
@@ -119,6 +168,12 @@ def test_compare_report_export_and_retrain_reproduces(finished, tmp_path, capsys
     assert "| loss |" in report and "ECE (TS)" in report
     assert main(["export", str(path), "--top", "1", "--out", str(tmp_path)]) == 0
     exported = Path(capsys.readouterr().out.strip())
+    from calibtune._provenance import installed_versions, read_provenance
+
+    prov = read_provenance(exported.read_text())
+    assert prov["study"] == "e2e" and prov["rerun"] == f"calibtune train {exported}"
+    assert {k: prov[k] for k in installed_versions()} == installed_versions()
+    assert prov["objective"]["metric"] == "val/ece@ts" and prov["git_sha"]
     ref = locate_study(path)
     best = trials_frame(ref).sort_values("val/ece@ts").iloc[0]
     from calibtune.trial import load_config, run
@@ -126,6 +181,8 @@ def test_compare_report_export_and_retrain_reproduces(finished, tmp_path, capsys
     result = run(load_config(exported), storage_path=tmp_path / "retrain")
     for key in ("val/ece@ts", "test/ece", "test/error", "test/nll"):
         assert result.metrics[key] == pytest.approx(best[key], abs=1e-5), key
+    assert prov["trial"] == best["trial_id"] and prov["mlflow_run"] == best["run_id"]
+    assert prov["objective"]["value"] == pytest.approx(best["val/ece@ts"])
 
 
 def _finished_children(uri: str, exp_name: str) -> list:
@@ -179,6 +236,15 @@ def test_interrupted_study_resumes_without_duplicates(tmp_path):
     assert len(allruns) == 4  # no duplicate child runs
     state = json.loads((tmp_path / "studies" / "e2e_resume" / "calibtune_study.json").read_text())
     assert state["parent_run_id"] == parents[0].info.run_id
+    import optuna
+
+    ot = optuna.load_study(
+        study_name="e2e_resume",
+        storage=f"sqlite:///{tmp_path / 'studies' / 'e2e_resume' / 'optuna.db'}",
+    )
+    tune_ids = [t.user_attrs["tune_trial_id"] for t in ot.trials]
+    assert sorted(tune_ids) == sorted(trial_ids)  # one Optuna trial per Tune trial, no orphans
+    assert {t.state.name for t in ot.trials} == {"COMPLETE"}
 
 
 def test_ui_serves_the_store_on_loopback(finished):

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from ._calibration import REPORT_KEYS
 
 __all__ = [
+    "ADAPTIVE_LISTS",
+    "ADAPTIVE_SUMMARY",
     "HIGHER_IS_BETTER",
     "OOD_MEASURES",
     "OOD_SCORES",
@@ -37,6 +39,7 @@ __all__ = [
     "SELECTABLE_SPLITS",
     "SPLITS",
     "MetricKey",
+    "adaptive_summary",
     "direction",
     "element_key",
     "epoch_keys",
@@ -44,6 +47,7 @@ __all__ = [
     "final_keys",
     "from_mlflow",
     "higher_is_better",
+    "is_adaptive_list",
     "is_selectable",
     "key",
     "ood_key",
@@ -61,7 +65,17 @@ SELECTABLE_SPLITS = ("val", "train")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
 RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time")
 TRAIN_KEYS = ("loss", "error")  # running averages over the epoch's training batches
-ADAPTIVE_KEYS = ("gammas", "edges", "gap", "updates")  # lists except ``updates``
+ADAPTIVE_LISTS = ("gammas", "edges", "gap")  # one element per validation bin
+#: per-epoch summaries of the adaptive state (`adaptive_summary`): what MLflow gets by default
+ADAPTIVE_SUMMARY = (
+    "gamma_min",
+    "gamma_mean",
+    "gamma_max",
+    "inverse_bins",  # bins with γ < 0 (inverse focal)
+    "gap_absmax",  # max over bins of |C_val - A_val|
+    "updates",  # number of updates in the epoch
+)
+ADAPTIVE_KEYS = ADAPTIVE_LISTS + ADAPTIVE_SUMMARY
 #: OOD detection scores; the first is the default and carries no suffix in the key
 OOD_SCORES = ("entropy", "msp")
 OOD_MEASURES = ("auroc", "aupr", "fpr95")
@@ -314,6 +328,34 @@ def higher_is_better(metric: str) -> bool:
 def direction(metric: str) -> str:
     """``"max"`` if higher is better, else ``"min"`` (Optuna/Tune's ``mode``)."""
     return "max" if higher_is_better(metric) else "min"
+
+
+def adaptive_summary(
+    gammas: Sequence[float], gap: Sequence[float], updates: int
+) -> dict[str, float]:
+    """`ADAPTIVE_SUMMARY` of one epoch's adaptive state: γ min/mean/max over the ``B`` bins,
+    the number of bins on inverse focal (γ < 0, AdaFocal's switch), max |C_val − A_val| and the
+    number of updates; keys ``adaptive/<name>``."""
+    g = [float(x) for x in gammas]
+    out: dict[str, float] = {key("adaptive", "updates"): float(updates)}
+    if g:
+        out[key("adaptive", "gamma_min")] = min(g)
+        out[key("adaptive", "gamma_mean")] = sum(g) / len(g)
+        out[key("adaptive", "gamma_max")] = max(g)
+        out[key("adaptive", "inverse_bins")] = float(sum(x < 0 for x in g))
+    if gap:
+        out[key("adaptive", "gap_absmax")] = max(abs(float(x)) for x in gap)
+    return out
+
+
+def is_adaptive_list(metric: str) -> bool:
+    """True for ``adaptive/{gammas,edges,gap}``: per-bin lists (MLflow gets their elements only
+    with ``eval.log_adaptive_bins``)."""
+    try:
+        k = parse(metric)
+    except ValueError:
+        return False
+    return k.split == "adaptive" and k.name in ADAPTIVE_LISTS and k.bin is None
 
 
 # ----------------------------------------------------------------------------- what a trial reports

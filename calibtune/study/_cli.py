@@ -1,7 +1,7 @@
 """The study-service subcommands of ``calibtune`` (argument parsing only).
 
-run, submit, resume, status, logs, compare, report, export, ui. Bad input (a malformed study, an
-unknown study, a missing dataset) is one line on stderr and exit code 2.
+run, submit, resume, status, logs, compare, report, export, ui, dashboard. Bad input (a malformed
+study, an unknown study, a missing dataset) is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from calibtune._usage import usage
 from calibtune.study._jobs import follow, job_client, project_root
-from calibtune.study._ui import check_port_free, port_number, start_ui, stop_ui
+from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
 
 def _common_tracking(p: argparse.ArgumentParser) -> None:
@@ -442,6 +442,55 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------- dashboard
+
+
+def _add_dashboard(sub: Any) -> None:
+    p = sub.add_parser(
+        "dashboard",
+        help="start optuna-dashboard on a study's Optuna storage (127.0.0.1) and print its URL",
+        description="Serve the study's Optuna storage (search.optuna_storage, default "
+        "<study folder>/optuna.db) with optuna-dashboard on 127.0.0.1; Ctrl-C stops it.",
+    )
+    p.add_argument("study", help="study YAML, study folder, or study name")
+    _storage(p)
+    p.add_argument("--port", type=port_number, help="port 1-65535 (default: a free one)")
+    p.set_defaults(func=_cmd_dashboard)
+
+
+def _cmd_dashboard(args: argparse.Namespace) -> int:
+    from calibtune.study._config import load_study
+    from calibtune.study._search import optuna_storage_url
+    from calibtune.study._studydir import StudyDir
+
+    with usage():
+        p = Path(args.study)
+        if p.is_file() and p.suffix in (".yaml", ".yml"):
+            cfg = load_study(p)
+            sd = StudyDir.find(cfg.name, args.storage or cfg.storage)
+        else:
+            sd = StudyDir.find(args.study, args.storage)
+        storage = optuna_storage_url(sd.read_study(), sd)
+        if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///") :]).is_file():
+            raise ValueError(
+                f"{args.study}: expected the study's Optuna storage {storage}, found none yet "
+                "(it is written when a trial ends)"
+            )
+        if args.port is not None:
+            check_port_free(args.port)
+    try:
+        proc, url = start_dashboard(storage, args.port)
+    except RuntimeError as exc:
+        print(f"calibtune dashboard: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        return 1
+    print(f"optuna-dashboard for {storage}: {url}   (Ctrl-C to stop)", flush=True)
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        stop_ui(proc)
+    return 0
+
+
 COMMANDS: dict[str, Callable[[Any], None]] = {
     "run": _add_run,
     "submit": _add_submit,
@@ -452,4 +501,5 @@ COMMANDS: dict[str, Callable[[Any], None]] = {
     "report": _add_report,
     "export": _add_export,
     "ui": _add_ui,
+    "dashboard": _add_dashboard,
 }

@@ -9,6 +9,7 @@ settings and tracking. Every error names the file, the key path and what was exp
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ SEARCH_KEYS = (
     "grace_period",
     "seeds",
     "max_failures",
+    "optuna_storage",
 )
 TRACKING_KEYS = ("uri", "experiment")
 LOSS_KEYS = ("name", "label", "space", "params")
@@ -77,6 +79,7 @@ class SearchConfig:
     grace_period: int = 1
     seeds: tuple[int, ...] = (1,)
     max_failures: int = 0
+    optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,23 @@ def _search(raw: Any) -> SearchConfig:
         grace_period=check_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
         seeds=seeds,
         max_failures=check_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
+        optuna_storage=_optuna_storage(d.get("optuna_storage")),
     )
+
+
+#: SQLAlchemy URL: ``dialect[+driver]://...`` (sqlite:///path, postgresql://user@host/db)
+_SQLALCHEMY_URL = re.compile(r"[a-z][a-z0-9]*(\+[a-z0-9_]+)?://\S*")
+
+
+def _optuna_storage(v: Any) -> str | None:
+    if v is None:
+        return None
+    if not isinstance(v, str) or _SQLALCHEMY_URL.fullmatch(v) is None or len(v) > 2000:
+        raise StudyError(
+            "search.optuna_storage: expected a SQLAlchemy URL (sqlite:///path.db, "
+            f"postgresql://user@host/db) or null, got {excerpt(v)}"
+        )
+    return v
 
 
 def _tracking(raw: Any) -> TrackingConfig:

@@ -7,7 +7,10 @@ hyperparameters (named ``<label>/<param>``), then any searched trial-config keys
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from optuna.distributions import (
@@ -88,3 +91,125 @@ def make_sampler(study: StudyConfig) -> Any:
     if s.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise AssertionError(s.sampler)
+
+
+# ----------------------------------------------------------------------------- persisted study
+
+#: user attribute naming the Tune trial an Optuna trial records (one Optuna trial per Tune trial)
+TUNE_TRIAL_ATTR = "tune_trial_id"
+
+
+def distributions(study: StudyConfig) -> dict[str, BaseDistribution]:
+    """Every Optuna parameter of the define-by-run space and its distribution (the loss label
+    first, then ``<label>/<param>`` for every loss, then ``trial/<key>``)."""
+    out: dict[str, BaseDistribution] = {
+        "loss": CategoricalDistribution([c.label for c in study.losses])
+    }
+    for c in study.losses:
+        out.update({f"{c.label}/{n}": d for n, d in c.loss.space.dists.items()})
+    out.update({f"trial/{k}": d for k, d in study.space.dists.items()})
+    return out
+
+
+def flat_params(config: dict[str, Any]) -> dict[str, Any]:
+    """A Tune trial's config (OptunaSearch unflattens ``a/b`` names) back to Optuna's names."""
+    out: dict[str, Any] = {}
+    for k, v in config.items():
+        if isinstance(v, dict):
+            out.update({f"{k}/{kk}": vv for kk, vv in flat_params(v).items()})
+        else:
+            out[k] = v
+    return out
+
+
+@contextlib.contextmanager
+def quiet_optuna() -> Iterator[None]:
+    """Optuna's INFO lines ("Using an existing study ...") off while the driver records trials."""
+    import optuna
+
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        yield
+    finally:
+        optuna.logging.set_verbosity(level)
+
+
+def open_optuna_study(study: StudyConfig, storage: str) -> Any:
+    """The study's Optuna study in ``storage`` (created on first use, directions from the
+    objectives)."""
+    import optuna
+
+    directions = ["minimize" if o.mode == "min" else "maximize" for o in study.search.objectives]
+    with quiet_optuna():
+        ot_study = optuna.create_study(
+            study_name=study.name, storage=storage, directions=directions, load_if_exists=True
+        )
+    names = [o.metric for o in study.search.objectives]
+    if ot_study.metric_names != names:  # the dashboards' axis titles
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            ot_study.set_metric_names(names)
+    return ot_study
+
+
+def record_trial(
+    ot_study: Any,
+    study: StudyConfig,
+    tune_trial_id: str,
+    config: dict[str, Any],
+    state: str,
+    values: list[float] | None = None,
+) -> bool:
+    """Add one ended Tune trial to the persisted Optuna study unless it is there already (by
+    `TUNE_TRIAL_ATTR`); returns whether it was added. ``state``: ``COMPLETE`` (with ``values``,
+    one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA)."""
+    import optuna
+
+    if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
+        return False
+    dists = distributions(study)
+    params = {k: v for k, v in flat_params(config).items() if k in dists}
+    trial = optuna.trial.create_trial(
+        params=params,
+        distributions={k: dists[k] for k in params},
+        values=values if state == "COMPLETE" else None,
+        state=optuna.trial.TrialState[state],
+        user_attrs={TUNE_TRIAL_ATTR: tune_trial_id},
+    )
+    ot_study.add_trial(trial)
+    return True
+
+
+def ended_state(
+    study: StudyConfig, result: dict[str, Any] | None, error: bool
+) -> tuple[str, list[float] | None]:
+    """Optuna's state of an ended Tune trial: FAIL if it failed (or its objective is missing or
+    not finite), PRUNED if ASHA stopped it (its last report lacks ``calibtune/done``), else
+    COMPLETE with its objective values."""
+    import math
+
+    result = result or {}
+    if error:
+        return "FAIL", None
+    if not result.get("calibtune/done"):
+        return "PRUNED", None
+    values = [result.get(o.metric) for o in study.search.objectives]
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        return "FAIL", None
+    return "COMPLETE", [float(v) for v in values]  # type: ignore[arg-type]
+
+
+def persist_ended(
+    study: StudyConfig,
+    storage: str,
+    ended: list[tuple[str, dict[str, Any], dict[str, Any] | None, bool]],
+) -> int:
+    """Record ended Tune trials ``(trial id, config, last result, failed)`` in the study's
+    Optuna storage, each once; returns how many were new."""
+    ot_study = open_optuna_study(study, storage)
+    added = 0
+    for trial_id, config, result, error in ended:
+        state, values = ended_state(study, result, error)
+        added += record_trial(ot_study, study, trial_id, config, state, values)
+    return added

@@ -41,14 +41,32 @@ def _trial_error(trial: Any) -> str:
     return failure_reason(err) if err is not None else "the trial's process failed (no details)"
 
 
-def study_callbacks(study: StudyConfig, payload: StudyPayload, storage: Path) -> list[Any]:
-    """The callbacks `run_study` gives Tune: progress lines with MLflow kept in step, and the
-    storage guard (their classes are built on call: importing this module does not import Ray)."""
-    return [_progress(study, payload), _storage_guard(storage)]
+def study_callbacks(
+    study: StudyConfig, payload: StudyPayload, storage: Path, optuna_storage: str | None = None
+) -> list[Any]:
+    """The callbacks `run_study` gives Tune: progress lines with MLflow kept in step (and the
+    parent run's summary refreshed when a trial ends), and the storage guard (their classes are
+    built on call: importing this module does not import Ray)."""
+    return [_progress(study, payload, optuna_storage), _storage_guard(storage)]
 
 
-def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
+def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
+
+    from calibtune.study._summary import refresh_summary
+
+    def summarize(trial: Any, failed: bool) -> None:
+        """Record the ended trial in the Optuna storage, then refresh the parent run."""
+        warning = refresh_summary(
+            study,
+            payload.tracking_uri,
+            payload.experiment_id,
+            payload.parent_run_id,
+            optuna_storage,
+            ended=[(trial.trial_id, dict(trial.config), trial.last_result, failed)],
+        )
+        if warning:
+            print(warning, flush=True)
 
     objective = study.search.objectives[0]
 
@@ -86,6 +104,7 @@ def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
                 f"{objective.metric}={shown} | {self._tail(trials, trial)}",
                 flush=True,
             )
+            summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
             self.failed += 1
@@ -98,6 +117,7 @@ def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
                 f"{reason} | {self._tail(trials, trial)}",
                 flush=True,
             )
+            summarize(trial, True)
 
     return Progress()
 

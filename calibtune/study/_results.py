@@ -19,6 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from calibtune._provenance import installed_versions, provenance_comment
 from calibtune.metrics import keys as K
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
@@ -90,6 +91,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             "run_id": r.info.run_id,
             "status": status,
             "reason": r.data.tags.get(TAG_ERROR, ""),
+            "start_time": r.info.start_time,  # ms since the epoch (trial order)
         }
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
@@ -99,7 +101,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     df = pd.DataFrame(rows)
     if df.empty:
         return df
-    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id"]
+    lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id", "start_time"]
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
@@ -318,6 +320,7 @@ def export_best(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     client = _client(ref.tracking_uri)
+    parent_tags = client.get_run(ref.parent_run_id).data.tags
     written = []
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         run_id = row["run_id"]
@@ -344,11 +347,32 @@ def export_best(
             f"# exported by `calibtune export` from study {ref.name!r}, trial {row['trial_id']} "
             f"(MLflow run {run_id}), rank {rank} by {metric or ref.objectives[0][0]}\n"
         )
+        prov = _provenance(ref, row, metric or ref.objectives[0][0], target, parent_tags)
         tmp_target = target.with_suffix(".yaml.tmp")
-        tmp_target.write_text(header + yaml.safe_dump(cfg, sort_keys=False))
+        tmp_target.write_text(
+            header + provenance_comment(prov) + yaml.safe_dump(cfg, sort_keys=False)
+        )
         shutil.move(str(tmp_target), target)
         written.append(target)
     return written
+
+
+def _provenance(
+    ref: StudyRef, row: pd.Series, metric: str, target: Path, parent_tags: dict[str, str]
+) -> dict[str, Any]:
+    """What produced an exported trial: the versions and git SHA the study recorded on its parent
+    run (installed ones where it recorded none), its source and objective, how to re-run it."""
+    installed = installed_versions()
+    return {
+        "git_sha": parent_tags.get("calibtune.git_sha", "unknown"),
+        **{k: parent_tags.get(f"version.{k}", v) for k, v in installed.items()},
+        "study": ref.name,
+        "trial": str(row["trial_id"]),
+        "mlflow_run": str(row["run_id"]),
+        "tracking_uri": ref.tracking_uri,
+        "objective": {"metric": metric, "value": float(row[metric])},
+        "rerun": f"calibtune train {target}",
+    }
 
 
 __all__ = [

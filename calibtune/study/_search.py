@@ -2,9 +2,10 @@
 
 Objectives are validation metrics; every epoch report of the trial engine carries them (post-hoc
 objectives such as ``val/ece@ts`` are evaluated each epoch through ``eval.epoch_posthoc``), which
-OptunaSearch and ASHA require. A trial stopped early by ASHA reaches Optuna as COMPLETE with the
-value of its last epoch (Ray's OptunaSearch does not mark it PRUNED); its MLflow run is marked
-``stopped``. A failed trial reaches Optuna as FAIL and MLflow as ``failed`` with its reason.
+OptunaSearch and ASHA require. A trial stopped early by ASHA reaches the sampler as COMPLETE with
+the value of its last epoch (Ray's OptunaSearch does not mark it PRUNED), the persisted Optuna
+study (`optuna_storage_url`) as PRUNED; its MLflow run is marked ``stopped``. A failed trial
+reaches Optuna as FAIL and MLflow as ``failed`` with its reason.
 
 The driver holds the study directory's lock for the whole run, so a second driver on the same
 study refuses at once. SIGINT and SIGTERM stop the study the way Tune stops on Ctrl-C (state
@@ -28,6 +29,7 @@ from calibtune.study._optuna import conditional_grid, define_by_run, make_sample
 from calibtune.study._progress import study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
 from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
+from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     TAG_HASH,
     child_statuses,
@@ -160,7 +162,7 @@ def run_study(
         init_ray(address)
         check_cluster(study)
         payload = _open_parent(study, sd, tracking_uri)
-        callbacks = study_callbacks(study, payload, sd.path)
+        callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload, callbacks)
 
 
@@ -184,7 +186,7 @@ def resume_study(
         init_ray(address)
         check_cluster(study)
         payload = _open_parent(study, sd, None)
-        callbacks = study_callbacks(study, payload, sd.path)
+        callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
         try:
             tuner = tune.Tuner.restore(
                 str(sd.path),
@@ -251,6 +253,17 @@ def _fit(
         {f"study/trials_{k}": v for k, v in counts.items()}
         | {"study/wall_time_s": time.time() - t0},
     )
+    ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
+    warning = refresh_summary(
+        study,
+        payload.tracking_uri,
+        payload.experiment_id,
+        payload.parent_run_id,
+        optuna_storage_url(study, sd),
+        ended=ended,
+    )
+    if warning:
+        print(warning, flush=True)
     finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
         study.name,
@@ -262,6 +275,27 @@ def _fit(
         counts,
         stopped_by,
     )
+
+
+def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:
+    """Every trial of a study that ran to its end, as `persist_ended` takes them (catches the
+    ones a driver killed between Tune's end of a trial and its Optuna record)."""
+    out = []
+    for r in results:
+        metrics = dict(r.metrics or {})
+        if "trial_id" in metrics:
+            out.append(
+                (str(metrics["trial_id"]), dict(r.config or {}), metrics, r.error is not None)
+            )
+    return out
+
+
+def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
+    """The study's Optuna RDB storage: ``search.optuna_storage`` (relative SQLite paths against
+    the working directory) or SQLite ``<study folder>/optuna.db``."""
+    if study.search.optuna_storage:
+        return resolve_tracking_uri(study.search.optuna_storage)
+    return f"sqlite:///{sd.optuna_db}"
 
 
 def _counts(payload: StudyPayload, study: StudyConfig) -> dict[str, int]:

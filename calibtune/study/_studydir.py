@@ -4,6 +4,7 @@ Layout of ``<storage>/<name>/``::
 
     calibtune_study.json   the state (tracking URI, experiment, parent run, study file path)
     study.yaml             the validated study text (what `resume` and the tables re-read)
+    optuna.db              the Optuna study (record of every ended trial; optuna-dashboard)
     .calibtune.lock        held (``flock``) by the one driver running the study; names it
     trials/<trial>-seedN/  each trial's checkpoints and artifacts (the trial engine's folders)
     tuner.pkl, experiment_state-*.json, ...   Ray Tune's own state (restored by `resume`)
@@ -138,6 +139,11 @@ class StudyDir:
     @property
     def trials_dir(self) -> Path:
         return self.path / "trials"
+
+    @property
+    def optuna_db(self) -> Path:
+        """The study's embedded Optuna RDB storage (SQLite) unless the study names another."""
+        return self.path / "optuna.db"
 
     def has_tune_state(self) -> bool:
         return (self.path / TUNER_FILE).exists()

@@ -11,6 +11,7 @@ MLflow metric names may not contain ``@``; calibtune's ``test/ece@ts`` is logged
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -100,20 +101,36 @@ def artifact_location(uri: str, experiment: str) -> str | None:
     return None
 
 
+#: MLflow's UI opens an experiment on its training-runs table (not the GenAI trace pages) when
+#: ``mlflow.experimentKind`` says so; ``mlflow.note.content`` is the experiment's description.
+EXPERIMENT_TAGS = {
+    "mlflow.experimentKind": "custom_model_development",
+    "mlflow.note.content": (
+        "calibtune study: one parent run per study (its summary: best trial, comparison and "
+        "report tables, study figures) with one nested run per trial."
+    ),
+}
+
+
 def experiment_id(uri: str, name: str) -> str:
+    """The experiment ``name`` (restored if deleted, created if missing), tagged with
+    `EXPERIMENT_TAGS` whether calibtune created it or reuses it."""
     client = _client(uri)
     exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            client.restore_experiment(exp.experiment_id)
-        return exp.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location(uri, name))
-    except Exception:  # created concurrently by another process
+    if exp is None:
+        with contextlib.suppress(Exception):  # may be created concurrently by another process
+            client.create_experiment(
+                name, artifact_location=artifact_location(uri, name), tags=EXPERIMENT_TAGS
+            )
         exp = client.get_experiment_by_name(name)
         if exp is None:
-            raise
-        return exp.experiment_id
+            raise RuntimeError(f"MLflow {uri}: could not create the experiment {name!r}")
+    if exp.lifecycle_stage == "deleted":
+        client.restore_experiment(exp.experiment_id)
+    for k, v in EXPERIMENT_TAGS.items():
+        if exp.tags.get(k) != v:
+            client.set_experiment_tag(exp.experiment_id, k, v)
+    return exp.experiment_id
 
 
 def _finite_metrics(metrics: Mapping[str, Any], step: int) -> list[Any]:
@@ -271,16 +288,20 @@ class MlflowTrialCallback:
     each exactly once whatever was interrupted when.
 
     Every epoch's batch carries the ``epoch`` metric at ``step=epoch`` (one batch, one
-    transaction), so the steps of ``epoch`` are the epochs already logged. `on_start` logs the
+    transaction), so the steps of ``epoch`` are the epochs already logged. List values
+    (AdaFocal's per-bin γ, edges, gap) are logged element by element only with ``log_bins``
+    (``eval.log_adaptive_bins``); by default their `calibtune.metrics.keys.adaptive_summary`
+    series stand for them (``history.jsonl`` keeps the lists). `on_start` logs the
     epochs a resumed trial restored from its checkpoint but never logged (killed between the
     checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
     an older checkpoint); `on_trial_end` logs only final metrics not there yet.
     Picklable (it travels to the Ray Train worker); the client is created on use.
     """
 
-    def __init__(self, uri: str, run_id: str) -> None:
+    def __init__(self, uri: str, run_id: str, log_bins: bool = False) -> None:
         self.uri = uri
         self.run_id = run_id
+        self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self._logged: set[int] | None = None
 
     def _logged_epochs(self) -> set[int]:
@@ -299,6 +320,8 @@ class MlflowTrialCallback:
         flat: dict[str, float] = {}
         for k, v in metrics.items():
             if isinstance(v, (list, tuple)):
+                if not self.log_bins and K.is_adaptive_list(k):
+                    continue  # the per-bin table and figure are the trial's artifacts
                 for i, x in enumerate(v):
                     flat[K.element_key(k, i)] = x
             else:

@@ -139,7 +139,9 @@ def _seed_run(
         cfg = T.config_from_dict(trial_dict(study, config, seed, name))
         res = T.run(
             cfg,
-            callbacks=[MlflowTrialCallback(payload.tracking_uri, run_id)],  # type: ignore[arg-type]
+            callbacks=[
+                MlflowTrialCallback(payload.tracking_uri, run_id, cfg.eval.log_adaptive_bins)  # type: ignore[arg-type]
+            ],
             storage_path=payload.trials_dir,
         )
     except BaseException as exc:

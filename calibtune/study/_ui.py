@@ -1,4 +1,5 @@
-"""The MLflow UI process: started on 127.0.0.1 on a free (or a given, checked) port."""
+"""The dashboards' processes (MLflow UI, optuna-dashboard): started on 127.0.0.1 on a free (or a
+given, checked) port, returned once they answer."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["check_port_free", "free_port", "port_number", "start_ui", "stop_ui"]
+__all__ = [
+    "check_port_free",
+    "free_port",
+    "port_number",
+    "start_dashboard",
+    "start_ui",
+    "stop_ui",
+]
 
 
 def free_port() -> int:
@@ -25,41 +33,48 @@ def free_port() -> int:
 def start_ui(uri: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
     """Start ``mlflow ui`` on 127.0.0.1 (a free port by default); return it once it answers."""
     port = port or free_port()
-    mlflow_bin = shutil.which("mlflow", path=str(Path(sys.executable).parent)) or "mlflow"
+    argv = [_bin("mlflow"), "ui", "--backend-store-uri", uri]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [
-            mlflow_bin,
-            "ui",
-            "--backend-store-uri",
-            uri,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    return _start(argv, env, f"http://127.0.0.1:{port}", "/health", "mlflow ui")
+
+
+def start_dashboard(storage: str, port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start ``optuna-dashboard`` on the Optuna RDB ``storage`` bound to 127.0.0.1 (a free port
+    by default); return it once its API answers (``GET /api/studies``)."""
+    port = port or free_port()
+    argv = [_bin("optuna-dashboard"), storage, "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--server", "wsgiref", "--quiet"]
+    return _start(
+        argv, dict(os.environ), f"http://127.0.0.1:{port}", "/api/studies", "optuna-dashboard"
     )
-    url = f"http://127.0.0.1:{port}"
+
+
+def _bin(name: str) -> str:
+    """The console script next to this interpreter (the venv's), else from PATH."""
+    return shutil.which(name, path=str(Path(sys.executable).parent)) or name
+
+
+def _start(
+    argv: list[str], env: dict[str, str], url: str, health: str, what: str
+) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+    )
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
             err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
-            raise RuntimeError(f"mlflow ui exited with {proc.returncode}: {err.strip()[-500:]}")
+            raise RuntimeError(f"{what} exited with {proc.returncode}: {err.strip()[-500:]}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=2) as r:
+            with urllib.request.urlopen(url + health, timeout=2) as r:
                 # an answer while our server has exited came from another one on this port
                 if r.status == 200 and proc.poll() is None:
                     return proc, url
         except OSError:
             time.sleep(0.5)
     stop_ui(proc)
-    raise RuntimeError(f"mlflow ui did not answer on {url} within 60 s")
+    raise RuntimeError(f"{what} did not answer on {url} within 60 s")
 
 
 def stop_ui(proc: subprocess.Popen) -> None:

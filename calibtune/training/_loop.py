@@ -234,13 +234,15 @@ def train_epochs(
             metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
         if adaptive and updates:
             last = updates[-1]
-            metrics[K.key("adaptive", "gammas")] = _floats(last.get("gammas"))
-            metrics[K.key("adaptive", "edges")] = _floats(last.get("edges"))
-            metrics[K.key("adaptive", "gap")] = [
+            gammas = _floats(last.get("gammas"))
+            gap = [
                 c - a
                 for c, a in zip(_floats(last.get("c_val")), _floats(last.get("a_val")), strict=True)
             ]
-            metrics[K.key("adaptive", "updates")] = len(updates)
+            metrics[K.key("adaptive", "gammas")] = gammas
+            metrics[K.key("adaptive", "edges")] = _floats(last.get("edges"))
+            metrics[K.key("adaptive", "gap")] = gap
+            metrics.update(K.adaptive_summary(gammas, gap, len(updates)))
         metrics["train_time"] = train_time
         metrics["epoch_time"] = time.perf_counter() - t0
         if on_epoch_end is not None:
