@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune.study._config import StudyConfig
+from calibtune.study._display import clear_line, live_display
 from calibtune.study._tracking import PARENT, TAG_STATUS, TAG_TRIAL, close_run, find_runs
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
@@ -44,7 +45,7 @@ def _trial_error(trial: Any) -> str:
 def study_callbacks(study: StudyConfig, payload: StudyPayload, storage: Path) -> list[Any]:
     """The callbacks `run_study` gives Tune: progress lines with MLflow kept in step, and the
     storage guard (their classes are built on call: importing this module does not import Ray)."""
-    return [_progress(study, payload), _storage_guard(storage)]
+    return [_progress(study, payload), _storage_guard(storage), live_display(study)]
 
 
 def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
@@ -81,6 +82,7 @@ def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
                 pick = min if objective.mode == "min" else max
                 self.best = float(value) if self.best is None else pick(self.best, float(value))
             shown = "n/a" if value is None else f"{value:.4f}"
+            clear_line()  # the live status line, on a TTY
             print(
                 f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) done: "
                 f"{objective.metric}={shown} | {self._tail(trials, trial)}",
@@ -93,6 +95,7 @@ def _progress(study: StudyConfig, payload: StudyPayload) -> Any:
             child = _child(payload, trial.trial_id)
             if child is not None and child.data.tags.get(TAG_STATUS) == "running":
                 _record_failure(payload.tracking_uri, child.info.run_id, reason)
+            clear_line()  # the live status line, on a TTY
             print(
                 f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) failed: "
                 f"{reason} | {self._tail(trials, trial)}",
