@@ -176,6 +176,7 @@ def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from calibtune.study._display import EpochLines
     from calibtune.trial import TrialFailedError, run
 
     overrides = list(args.overrides)
@@ -191,7 +192,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"name={args.name}")
     cfg = _train_config(args, overrides)
     try:
-        result = run(cfg)
+        result = run(cfg, callbacks=[EpochLines(cfg.train.epochs)])
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
         raise UsageError(str(e)) from None
     except TrialFailedError as e:

@@ -76,3 +76,25 @@ def test_run_prints_setup_trials_and_table_without_ray_noise(tmp_path):
     found = [n for n in NOISE if n in out]
     assert not found, (found, out[-3000:])
     assert "\r" not in out  # not a TTY: no live line
+
+
+def test_train_prints_one_line_per_epoch(tmp_path, capsys):
+    from calibtune.cli import main
+
+    cfg = tmp_path / "t.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "name": "term",
+                "data": {"name": "digits", "ood": []},
+                "model": {"name": "mlp"},
+                "loss": {"name": "cross_entropy"},
+                "train": {"epochs": 2, "batch_size": 64},
+                "eval": {"posthoc": []},
+            }
+        )
+    )
+    assert main(["train", str(cfg), "--storage-path", str(tmp_path / "runs")]) == 0
+    epochs = [ln for ln in capsys.readouterr().out.splitlines() if "] epoch " in ln]
+    assert [ln.split(":")[0] for ln in epochs] == ["[calibtune] epoch 1/2", "[calibtune] epoch 2/2"]
+    assert all("train/loss " in ln and "val/ece " in ln for ln in epochs), epochs

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Counts", "clear_line", "live_display", "quiet_output", "status_line"]
+__all__ = ["Counts", "EpochLines", "clear_line", "live_display", "quiet_output", "status_line"]
 
 _CLEAR = "\r\x1b[K"
 
@@ -117,3 +117,24 @@ def live_display(study: Any) -> Any:
             clear_line()
 
     return LiveDisplay()
+
+
+class EpochLines:
+    """`calibtune train`'s progress: one line per epoch (a `calibtune.trial.TrialCallback`; it
+    runs on rank 0, so with workers Ray forwards the line with the worker's prefix)."""
+
+    KEYS = ("train/loss", "val/error", "val/ece")
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs = epochs
+
+    def on_epoch(self, epoch: int, metrics: Any) -> None:
+        shown = " | ".join(
+            f"{k} {metrics[k]:.4f}" for k in self.KEYS if isinstance(metrics.get(k), (int, float))
+        )
+        took = metrics.get("epoch_time")
+        tail = f" | {took:.1f} s" if isinstance(took, (int, float)) else ""
+        print(f"[calibtune] epoch {epoch}/{self.epochs}: {shown}{tail}", flush=True)
+
+    def on_trial_end(self, metrics: Any, artifacts_dir: Any) -> None:
+        pass
