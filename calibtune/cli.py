@@ -195,6 +195,7 @@ def _warn_version_drift(path: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from calibtune.study._display import EpochLines
     from calibtune.trial import TrialFailedError, run
 
     overrides = list(args.overrides)
@@ -211,7 +212,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _train_config(args, overrides)
     _warn_version_drift(args.config)
     try:
-        result = run(cfg)
+        result = run(cfg, callbacks=[EpochLines(cfg.train.epochs)])
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
         raise UsageError(str(e)) from None
     except TrialFailedError as e:

@@ -51,10 +51,30 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     _common_tracking(p)
     _storage(p)
-    p.add_argument("--quiet", action="store_true", help="no Ray Tune progress tables")
+    _verbosity(p)
     # `calibtune submit` passes the study's self-contained YAML in this environment variable
     p.add_argument("--study-env", help=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_run)
+
+
+def _verbosity(p: Any) -> None:
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show Ray's own output (Tune's tables, Ray's logs, worker logs)",
+    )
+    p.add_argument("--quiet", action="store_true", help="the default (kept for old scripts)")
+
+
+def _setup_line(study: Any, address: str | None, tracking_uri: str | None) -> None:
+    s = study.search
+    where = f"Ray at {address}" if address else "a local Ray"
+    uri = tracking_uri or study.tracking.uri or "sqlite:///mlflow.db"
+    print(
+        f"[calibtune] study {study.name}: {s.num_samples} trials, {s.max_concurrent} at a time "
+        f"on {where}; MLflow {uri}",
+        flush=True,
+    )
 
 
 def _print_outcome(outcome: Any) -> None:
@@ -105,8 +125,11 @@ def _exit_code(outcome: Any) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from calibtune.study import load_study, run_study
+    from calibtune.study._display import quiet_output
     from calibtune.study._preflight import preflight_run
 
+    if not args.verbose:
+        quiet_output()  # before the preflight opens the store (MLflow logs its migrations)
     with usage(args.study):
         if args.study_env:
             from calibtune.study._config import study_from_text
@@ -120,12 +143,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
         preflight_run(
             study, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage
         )
+        _setup_line(study, args.address, args.tracking_uri)
         outcome = run_study(
             study,
             address=args.address,
             tracking_uri=args.tracking_uri,
             storage=args.storage,
-            verbose=0 if args.quiet else 1,
+            verbose=1 if args.verbose else 0,
         )
     _print_outcome(outcome)
     return _exit_code(outcome)
@@ -147,18 +171,21 @@ def _add_resume(sub: Any) -> None:
     p.add_argument("study", metavar="STUDY_NAME|PATH")
     p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
     _storage(p)
-    p.add_argument("--quiet", action="store_true")
+    _verbosity(p)
     p.set_defaults(func=_cmd_resume)
 
 
 def _cmd_resume(args: argparse.Namespace) -> int:
     from calibtune.study import resume_study
+    from calibtune.study._display import quiet_output
     from calibtune.study._preflight import preflight_resume
 
+    if not args.verbose:
+        quiet_output()
     with usage():
         preflight_resume(args.study, address=args.address, storage=args.storage)
         outcome = resume_study(
-            args.study, address=args.address, storage=args.storage, verbose=0 if args.quiet else 1
+            args.study, address=args.address, storage=args.storage, verbose=1 if args.verbose else 0
         )
     _print_outcome(outcome)
     return _exit_code(outcome)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune.study._config import StudyConfig
+from calibtune.study._display import clear_line, live_display
 from calibtune.study._tracking import PARENT, TAG_STATUS, TAG_TRIAL, close_run, find_runs
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
@@ -45,9 +46,13 @@ def study_callbacks(
     study: StudyConfig, payload: StudyPayload, storage: Path, optuna_storage: str | None = None
 ) -> list[Any]:
     """The callbacks `run_study` gives Tune: progress lines with MLflow kept in step (and the
-    parent run's summary refreshed when a trial ends), and the storage guard (their classes are
-    built on call: importing this module does not import Ray)."""
-    return [_progress(study, payload, optuna_storage), _storage_guard(storage)]
+    parent run's summary refreshed when a trial ends), the storage guard, and the live status
+    line (their classes are built on call: importing this module does not import Ray)."""
+    return [
+        _progress(study, payload, optuna_storage),
+        _storage_guard(storage),
+        live_display(study),
+    ]
 
 
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
@@ -99,6 +104,7 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
                 pick = min if objective.mode == "min" else max
                 self.best = float(value) if self.best is None else pick(self.best, float(value))
             shown = "n/a" if value is None else f"{value:.4f}"
+            clear_line()  # the live status line, on a TTY
             print(
                 f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) done: "
                 f"{objective.metric}={shown} | {self._tail(trials, trial)}",
@@ -112,6 +118,7 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             child = _child(payload, trial.trial_id)
             if child is not None and child.data.tags.get(TAG_STATUS) == "running":
                 _record_failure(payload.tracking_uri, child.info.run_id, reason)
+            clear_line()  # the live status line, on a TTY
             print(
                 f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) failed: "
                 f"{reason} | {self._tail(trials, trial)}",

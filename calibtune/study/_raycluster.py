@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from calibtune.study._display import quiet_output
+
 __all__ = ["check_cluster", "client_token_auth", "init_ray"]
 
 
@@ -26,15 +28,22 @@ def client_token_auth() -> None:
         os.environ["RAY_AUTH_MODE"] = "token"
 
 
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Connect to ``address`` or start a local Ray sized for this machine."""
+def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = True) -> None:
+    """Connect to ``address`` or start a local Ray sized for this machine. ``verbose=False``:
+    no forwarding of worker/actor logs (e.g. Ray Train's PlacementGroupCleaner lines; trial
+    errors still reach the driver through Tune) and `quiet_output`."""
+    import logging
+
     import ray
 
+    if not verbose:
+        quiet_output()
     if ray.is_initialized():
         return
+    level = logging.INFO if verbose else logging.WARNING
     if address:
         client_token_auth()
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=verbose, logging_level=level)
         return
     total = num_cpus or os.cpu_count() or 1
     # The object store default (30% of RAM) is far more than trials on the embedded data need.
@@ -43,7 +52,8 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         num_cpus=total,
         object_store_memory=int(os.environ.get("CALIBTUNE_OBJECT_STORE_BYTES", 256 * 1024**2)),
         include_dashboard=False,
-        log_to_driver=True,
+        log_to_driver=verbose,
+        logging_level=level,
     )
 
 

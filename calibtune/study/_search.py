@@ -159,7 +159,7 @@ def run_study(
         return resume_study(sd.path, address=address, verbose=verbose)
     _check_files(study)  # bad input stops here, before anything is written or started
     with sd.lock():
-        init_ray(address)
+        init_ray(address, verbose=verbose > 0)
         check_cluster(study)
         payload = _open_parent(study, sd, tracking_uri)
         callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
@@ -183,7 +183,7 @@ def resume_study(
     with sd.lock():
         sd.check_restorable()  # before Ray unpickles anything
         study = sd.read_study()
-        init_ray(address)
+        init_ray(address, verbose=verbose > 0)
         check_cluster(study)
         payload = _open_parent(study, sd, None)
         callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
