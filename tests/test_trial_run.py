@@ -187,6 +187,39 @@ def test_same_seed_same_metrics(tmp_path: Path) -> None:
     assert c.metrics["test/nll"] != a.metrics["test/nll"]
 
 
+def test_numbers_do_not_depend_on_the_callers_thread_count(tmp_path: Path) -> None:
+    """A trial trains with its resources' threads (scaling.resources_per_worker.CPU, default 1),
+    records them, and gives the caller its own setting back: the same config gives the same
+    numbers whether the process around it runs 1 or 2 threads."""
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for threads, name in ((2, "two"), (1, "one")):
+            torch.set_num_threads(threads)
+            res = run(_cfg(tmp_path, "cross_entropy", name=name, model__name="small_cnn"))
+            assert torch.get_num_threads() == threads  # given back
+            env = json.loads((res.artifacts_dir / "environment.json").read_text())
+            assert env["torch_threads"] == 1  # the trial's own, not the caller's
+            results.append(res)
+        two = run(
+            _cfg(
+                tmp_path,
+                "cross_entropy",
+                name="cpu2",
+                model__name="small_cnn",
+                scaling__resources_per_worker={"CPU": 2},
+            )
+        )
+        env = json.loads((two.artifacts_dir / "environment.json").read_text())
+        assert env["torch_threads"] == 2
+    finally:
+        torch.set_num_threads(before)
+    assert results[0].metrics == results[1].metrics
+    assert [h["train/loss"] for h in results[0].history] == [
+        h["train/loss"] for h in results[1].history
+    ]
+
+
 class _CrashOnce:
     """Raises once after epoch ``at`` (a marker file makes the retry pass)."""
 
