@@ -184,7 +184,7 @@ def claims(dataset: str) -> list[Claim]:
               "FCL 0.76 → 0.76 (T=1.0) vs FLSD-53 1.46 → 1.46 (Table 4); Thm. 4.5, §5.5.3",
               (fcl, "test/ts_gap"), (fl, "test/ts_gap")),
         *[
-            Claim(KK, f"focal TS beats TS (same grid and criterion) on {arm} (ECE_EM)", num,
+            Claim(KK, f"focal TS beats TS (same grid, criterion) on `{arm}` models (ECE_EM)", num,
                   (arm, "test/adaece@focal_ts"), (arm, "test/adaece@ts_fgrid"), paired=True)
             for arm, num in kk
         ],
@@ -381,6 +381,8 @@ def claim_rows(s: StudyData) -> list[tuple[Claim, str, Verdict]]:
 def _verdict_cell(v: Verdict) -> str:
     if math.isnan(v.d):
         return "inconclusive (no data)"
+    if math.isnan(v.se):
+        return f"**{v.verdict}** (d = {100 * v.d:+.2f}; {v.n} seed, no spread)"
     return f"**{v.verdict}** (d = {100 * v.d:+.2f} ± {100 * v.se:.2f})"
 
 
@@ -645,13 +647,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     uri = f"sqlite:///{storage / 'mlflow.db'}"
     times = {} if args.no_run else run_studies(STUDIES, storage, uri)
     if args.times and args.times.exists():
-        times = json.loads(args.times.read_text())
+        times = {k: float(v) for k, v in json.loads(args.times.read_text()).items()}
+    start = time.monotonic()
     studies = [collect(k, p, storage, uri) for k, p in STUDIES.items()]
     figures = copy_figures(studies, args.img)
-    command = "make results" if not args.no_run else "python bench/results.py --no-run"
+    if times:
+        times["read-back and page"] = time.monotonic() - start
     page = render_page(studies, figures, times, "make results", _stamp())
     args.out.write_text(page)
-    print(f"wrote {args.out} ({len(page)} chars); {command}")
+    print(f"wrote {args.out} ({len(page)} chars)")
     return 0
 
 
