@@ -465,6 +465,23 @@ def render_setup(studies: Sequence[StudyData]) -> list[str]:
     return lines + [f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()]
 
 
+def render_temperatures(studies: Sequence[StudyData]) -> list[str]:
+    """Mean optimal TS temperature per loss: T > 1 over-confident, T < 1 under-confident."""
+    out = []
+    for s in studies:
+        ts = [
+            f"{label} {np.nanmean(m['posthoc/ts/T']):.2f}"
+            for label, m in s.seeds.items()
+            if m.get("posthoc/ts/T")
+        ]
+        out.append(
+            f"- {s.dataset}: optimal TS temperature (mean over seeds; T > 1 means the model was "
+            f"over-confident, T < 1 under-confident): {', '.join(ts)}. The paper: CE 2.5, "
+            "FLSD-53 1.1, FL-3 1.1."
+        )
+    return out
+
+
 def render_switches(studies: Sequence[StudyData]) -> list[str]:
     out = []
     for s in studies:
@@ -613,6 +630,8 @@ def _paper_sections(studies: Sequence[StudyData], figures: Mapping[str, str]) ->
             for c, ours, v in claim_rows(s):
                 if c.paper == paper:
                     L.append(f"- {s.dataset}: {c.claim} — ours {ours}; {_verdict_cell(v)}.")
+        if paper == "Mukhoti et al. 2020":
+            L += ["", *render_temperatures(studies)]
         if paper == "Ghosh et al. 2022":
             L += ["", *render_switches(studies)]
             L += [f"\n![{cap}]({p})" for cap, p in figures.items() if "gamma" in cap]
@@ -642,6 +661,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--img", type=Path, default=IMG)
     ap.add_argument("--times", type=Path, default=None, help="JSON {study: seconds} to report")
     args = ap.parse_args(argv)
+    from calibtune.study import StudyNotFoundError
+
     storage = args.storage.resolve()
     storage.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{storage / 'mlflow.db'}"
@@ -649,11 +670,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.times and args.times.exists():
         times = {k: float(v) for k, v in json.loads(args.times.read_text()).items()}
     start = time.monotonic()
-    studies = [collect(k, p, storage, uri) for k, p in STUDIES.items()]
+    studies, missing = [], []
+    for k, p in STUDIES.items():
+        try:
+            studies.append(collect(k, p, storage, uri))
+        except StudyNotFoundError as err:  # --no-run before a study ran: say so on the page
+            missing.append(f"{k} ({err})")
     figures = copy_figures(studies, args.img)
     if times:
         times["read-back and page"] = time.monotonic() - start
-    page = render_page(studies, figures, times, "make results", _stamp())
+    stamp = _stamp() + "".join(f" **Not included: {m}.**" for m in missing)
+    page = render_page(studies, figures, times, "make results", stamp)
     args.out.write_text(page)
     print(f"wrote {args.out} ({len(page)} chars)")
     return 0

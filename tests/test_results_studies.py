@@ -133,7 +133,8 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
         assert cfg.search.sampler == "grid" and len(cfg.search.seeds) >= 3
         assert cfg.search.num_samples == len(cfg.losses)
         copy = _one_epoch_copy(path, tmp_path)
-        outcome = run_study(copy, verbose=0)
+        # explicit: run_study does not read the study's tracking.uri (it logs to ./mlflow.db)
+        outcome = run_study(copy, tracking_uri=uri, verbose=0)
         assert outcome.counts.get("finished") == len(cfg.losses), outcome.counts
         dataset = cfg.base_config().data.name
         studies.append(G.collect(dataset, copy, tmp_path / "studies", uri))
