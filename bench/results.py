@@ -482,6 +482,46 @@ def render_temperatures(studies: Sequence[StudyData]) -> list[str]:
     return out
 
 
+def _mean_t(s: StudyData, label: str) -> float:
+    v = s.seeds.get(label, {}).get("posthoc/ts/T", [])
+    return float(np.nanmean(v)) if len(v) else math.nan
+
+
+def reading(paper: str, studies: Sequence[StudyData]) -> list[str]:
+    """Data-driven remarks: where the comparison partner's own miscalibration explains a
+    verdict (optimal T of the arms involved; T < 0.9 under-, T > 1.5 clearly over-confident)."""
+    out = []
+    for s in studies:
+        t_ce, t_fl = _mean_t(s, "cross_entropy"), _mean_t(s, "focal_g3")
+        if math.isnan(t_ce) or math.isnan(t_fl):
+            continue
+        if paper == "Mukhoti et al. 2020":
+            regime = (
+                "CE is at most mildly over-confident here, and focal loss overshoots into "
+                "under-confidence — not the paper's regime (CE over-confident, focal T ≈ 1.1)"
+                if t_ce < 1.5 and t_fl < 0.9
+                else "the same direction as the paper's temperatures"
+            )
+            out.append(
+                f"- Reading ({s.dataset}): CE T = {t_ce:.2f}, focal T = {t_fl:.2f}: {regime}."
+            )
+        elif paper in ("Tao et al. 2023", "FCL") and t_fl < 0.9:
+            out.append(
+                f"- Reading ({s.dataset}): the partner, focal γ=3, is under-confident here "
+                f'(T = {t_fl:.2f}), so "beats focal" partly measures focal loss\'s own '
+                "miscalibration at this scale rather than the paper's improvement over a "
+                "well-calibrated focal model."
+            )
+        elif paper == "Ghosh et al. 2022" and t_ce < 1.5:
+            out.append(
+                f"- Reading ({s.dataset}): CE is nearly calibrated already (T = {t_ce:.2f}), "
+                "so AdaFocal has little over-confidence to remove relative to CE; FLSD-53 is "
+                f"under-confident (T = {_mean_t(s, 'flsd53'):.2f}), which AdaFocal's per-bin "
+                "γ (down to inverse focal) corrects."
+            )
+    return out
+
+
 def render_switches(studies: Sequence[StudyData]) -> list[str]:
     out = []
     for s in studies:
@@ -632,6 +672,7 @@ def _paper_sections(studies: Sequence[StudyData], figures: Mapping[str, str]) ->
                     L.append(f"- {s.dataset}: {c.claim} — ours {ours}; {_verdict_cell(v)}.")
         if paper == "Mukhoti et al. 2020":
             L += ["", *render_temperatures(studies)]
+        L += ["", *reading(paper, studies)]
         if paper == "Ghosh et al. 2022":
             L += ["", *render_switches(studies)]
             L += [f"\n![{cap}]({p})" for cap, p in figures.items() if "gamma" in cap]

@@ -152,3 +152,18 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
     assert any("gamma dynamics" in cap for cap in figures)
     for rel in figures.values():
         assert (tmp_path / "img" / Path(rel).name).stat().st_size < 150_000
+
+
+def test_reading_names_the_partner_s_under_confidence_from_its_temperature():
+    seeds = {
+        "cross_entropy": {"posthoc/ts/T": [1.3, 1.4]},
+        "focal_g3": {"posthoc/ts/T": [0.5, 0.6]},
+        "flsd53": {"posthoc/ts/T": [0.5, 0.5]},
+    }
+    s = G.StudyData("mnist1d", "x", seeds, "", {})
+    (line,) = G.reading("Mukhoti et al. 2020", [s])
+    assert "CE T = 1.35, focal T = 0.55" in line and "not the paper's regime" in line
+    (line,) = G.reading("Tao et al. 2023", [s])
+    assert "under-confident here (T = 0.55)" in line
+    seeds["focal_g3"]["posthoc/ts/T"] = [1.1, 1.1]
+    assert G.reading("Tao et al. 2023", [s]) == []
