@@ -727,6 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=PAGE)
     ap.add_argument("--img", type=Path, default=IMG)
     ap.add_argument("--times", type=Path, default=None, help="JSON {study: seconds} to report")
+    ap.add_argument("--note", default="", help="a sentence about the run, added to the page")
     args = ap.parse_args(argv)
     from calibtune.study import StudyNotFoundError
 
@@ -746,7 +747,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = copy_figures(studies, args.img)
     if times:
         times["read-back and page"] = time.monotonic() - start
-    stamp = _stamp() + "".join(f" **Not included: {m}.**" for m in missing)
+    stamp = (
+        _stamp()
+        + (f" {args.note}" if args.note else "")
+        + "".join(f" **Not included: {m}.**" for m in missing)
+    )
     page = render_page(studies, figures, times, "make results", stamp)
     args.out.write_text(page)
     print(f"wrote {args.out} ({len(page)} chars)")
