@@ -429,6 +429,20 @@ def render_summary(studies: Sequence[StudyData]) -> list[str]:
     return lines
 
 
+def render_counts(studies: Sequence[StudyData]) -> list[str]:
+    """Per paper and dataset, how many of its claims reproduce / do not / are inconclusive."""
+    out = ["In short (claims per paper: reproduces / does not / inconclusive):", ""]
+    rows = {s.dataset: claim_rows(s) for s in studies}
+    for paper in PAPERS:
+        parts = []
+        for s in studies:
+            vs = [v.verdict for c, _, v in rows[s.dataset] if c.paper == paper]
+            n = [vs.count(k) for k in ("reproduces", "does not", "inconclusive")]
+            parts.append(f"{s.dataset} {n[0]} / {n[1]} / {n[2]}")
+        out.append(f"- {paper}: " + "; ".join(parts))
+    return out
+
+
 def render_arms(s: StudyData) -> list[str]:
     """The full per-arm table of one study, mean ± std over seeds (%; NLL in nats)."""
     lines = [
@@ -521,10 +535,17 @@ def reading(paper: str, studies: Sequence[StudyData]) -> list[str]:
         t_ce, t_fl = _mean_t(s, "cross_entropy"), _mean_t(s, "focal_g3")
         if math.isnan(t_ce) or math.isnan(t_fl):
             continue
+        ce_state = (
+            "itself under-confident"
+            if t_ce < 0.9
+            else "at most mildly over-confident"
+            if t_ce < 1.5
+            else "over-confident"
+        )
         if paper == "Mukhoti et al. 2020":
             regime = (
-                "CE is at most mildly over-confident here, and focal loss overshoots into "
-                "under-confidence — not the paper's regime (CE over-confident, focal T ≈ 1.1)"
+                f"CE is {ce_state} here, and focal loss overshoots into under-confidence — "
+                "not the paper's regime (CE over-confident at T = 2.5, focal T ≈ 1.1)"
                 if t_ce < 1.5 and t_fl < 0.9
                 else "the same direction as the paper's temperatures"
             )
@@ -540,8 +561,8 @@ def reading(paper: str, studies: Sequence[StudyData]) -> list[str]:
             )
         elif paper == "Ghosh et al. 2022" and t_ce < 1.5:
             out.append(
-                f"- Reading ({s.dataset}): CE is nearly calibrated already (T = {t_ce:.2f}), "
-                "so AdaFocal has little over-confidence to remove relative to CE; FLSD-53 is "
+                f"- Reading ({s.dataset}): CE is {ce_state} (T = {t_ce:.2f}; paper 2.52), "
+                "so AdaFocal has no over-confidence to remove relative to CE; FLSD-53 is "
                 f"under-confident (T = {_mean_t(s, 'flsd53'):.2f}), which AdaFocal's per-bin "
                 "γ (down to inverse focal) corrects."
             )
@@ -649,6 +670,8 @@ def render_page(
         "## Summary",
         "",
         *render_summary(studies),
+        "",
+        *render_counts(studies),
         "",
     ]
     L += _paper_sections(studies, figures)
