@@ -462,7 +462,7 @@ def render_arms(s: StudyData) -> list[str]:
                     cell += f", {np.nanmean(m['posthoc/focal_ts/gamma_ev']):.2f}"
                 cell += ")"
             cells.append(cell)
-        cells.append("; ".join(f"{k.split('/')[1]} {_ms(m[k])}" for k in sorted(ood)))
+        cells.append("; ".join(f"{k[4:-6]} {_ms(m[k])}" for k in sorted(ood)))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
