@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: quickstart demo test test-fast lint format bench load venv clean
+.PHONY: quickstart demo test test-fast lint format bench load results venv clean
 
 venv: $(STAMP)
 
@@ -43,6 +43,11 @@ bench: $(STAMP)
 # The 200-trial load study (≈ 15 min on 2 cores); numbers in bench/README.md. CI runs 6 trials.
 load: $(STAMP)
 	$(BIN)/python bench/bench_load.py --trials 200
+
+# docs/results.md: runs studies/results/{mnist1d,digits}.yaml (storage runs/results) and writes the
+# page and docs/img/results/; a finished study is reused. Not part of `make test`.
+results: $(STAMP)
+	$(BIN)/python bench/results.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
