@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune._usage import usage
-from calibtune.study._jobs import follow, job_client, project_root
+from calibtune.study._jobs import follow, job_client, project_root, submit_job
 from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
 
@@ -358,7 +358,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             f"{args.python} -m calibtune run --study-env CALIBTUNE_STUDY_YAML --address auto "
             f"--storage {storage} --tracking-uri {uri} --quiet"
         )
-        job_id = client.submit_job(
+        job_id = submit_job(
+            client,
             entrypoint=entry,
             runtime_env={
                 "working_dir": str(root),

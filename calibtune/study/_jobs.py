@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["follow", "job_client", "project_root", "ray_address"]
+__all__ = ["follow", "job_client", "project_root", "ray_address", "submit_job"]
+
+# the head's job agent starts a few seconds after its dashboard answers
+_AGENT_WAIT_S = 60.0
 
 
 def ray_address(address: str | None) -> str:
@@ -63,3 +66,16 @@ def follow(client: Any, job_id: str) -> int:
             print(f"job {job_id}: {status}")
             return 0 if status == JobStatus.SUCCEEDED else 1
         time.sleep(2)
+
+
+def submit_job(client: Any, **job: Any) -> str:
+    """``client.submit_job(**job)``, retried while the head answers that its job agent is not
+    up yet (a freshly started cluster), for at most a minute."""
+    deadline = time.monotonic() + _AGENT_WAIT_S
+    while True:
+        try:
+            return str(client.submit_job(**job))
+        except RuntimeError as exc:
+            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(2)

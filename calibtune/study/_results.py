@@ -141,11 +141,11 @@ def compare_table(
         return df
     df = df[df["status"] != "running"]
     objective, mode = ref.objectives[0]
-    if metrics is None:
+    if metrics is None:  # the objectives, then the usual columns the trials logged
         metrics = [m for m, _ in ref.objectives] + [
             m
             for m in ("val/ece", "test/error", "test/ece", "test/ece@ts")
-            if m not in dict(ref.objectives)
+            if m not in dict(ref.objectives) and m in df.columns
         ]
     missing = [m for m in metrics if m not in df.columns]
     known = sorted(c for c in df.columns if "/" in c)
@@ -223,9 +223,10 @@ def report_table(ref: StudyRef) -> pd.DataFrame:
             done = done[done[objective].notna()]
         failed = group[group["status"] == "failed"]
         row: dict[str, Any] = {"loss": label}
+        if objective in done:
+            done = done.sort_values(objective, ascending=(mode == "min"), kind="stable")
         if not done.empty:
-            best = done.sort_values(objective, ascending=(mode == "min"), kind="stable").iloc[0]
-            row.update(_report_row(best))
+            row.update(_report_row(done.iloc[0]))
         if len(failed):
             row["failed"] = len(failed)
             row["failure"] = failed["reason"].iloc[0]

@@ -155,6 +155,13 @@ def log_metrics(uri: str, run_id: str, metrics: Mapping[str, Any], step: int = 0
         client.log_batch(run_id, metrics=items[i : i + 1000], synchronous=True)
 
 
+def log_missing(uri: str, run_id: str, metrics: Mapping[str, Any], step: int = 0) -> None:
+    """`log_metrics` of only the keys the run does not hold yet: logging the same final values
+    again (a trial restarted after it had logged them) adds nothing."""
+    have = set(_client(uri).get_run(run_id).data.metrics)
+    log_metrics(uri, run_id, {k: v for k, v in metrics.items() if K.to_mlflow(k) not in have}, step)
+
+
 def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in params.items():
@@ -332,13 +339,7 @@ class MlflowTrialCallback:
 
     def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
         client = _client(self.uri)
-        have = set(client.get_run(self.run_id).data.metrics)
-        log_metrics(
-            self.uri,
-            self.run_id,
-            {k: v for k, v in metrics.items() if mlflow_metric_name(k) not in have},
-            step=0,
-        )
+        log_missing(self.uri, self.run_id, metrics, step=0)
         from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag
 
         if artifacts_dir and (nodes := worker_nodes_tag(Path(artifacts_dir))) is not None:

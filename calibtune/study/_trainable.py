@@ -21,7 +21,7 @@ from typing import Any
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
 from calibtune.study._spaces import decode
-from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_metrics
+from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_missing
 
 __all__ = ["StudyPayload", "aggregate", "failure_reason", "hyperparameters", "trial_dict"]
 
@@ -180,11 +180,13 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         child.fail(failure_reason(exc), traceback.format_exc())
         raise
     final = aggregate([r.metrics for r in results])
-    if len(results) > 1:
-        log_metrics(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
-    child.close("finished")
     # the last epoch's values too: an objective may be an epoch metric (val/ece)
     last = aggregate([{k: v for k, v in r.history[-1].items() if _scalar(v)} for r in results])
+    if len(results) > 1:  # the trial's run holds the seed means (the seed runs the series)
+        epochs = int(results[0].history[-1]["epoch"])
+        log_missing(payload.tracking_uri, child.run_id, last, step=epochs)  # type: ignore[arg-type]
+        log_missing(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
+    child.close("finished")
     tune.report({**last, **final, "calibtune/done": 1.0})
 
 
