@@ -6,6 +6,8 @@ CPU, so that the two concurrent trials of the submitted study must land on diffe
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,24 @@ import yaml
 from _cluster import start_cluster
 from mlflow.tracking import MlflowClient
 
-from calibtune.cli import main
-
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_submit_study_to_two_node_cluster(tmp_path, capsys, monkeypatch):
+def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
+    """The real executable with the cluster's token (a subprocess: a client that authenticated to
+    this cluster keeps Ray's process-wide token settings, which later local Rays must not see)."""
+    return subprocess.run(
+        [sys.executable, "-m", "calibtune", *args],
+        env=cluster.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
+def test_submit_study_to_two_node_cluster(tmp_path):
     cluster = start_cluster(tmp_path, nodes=2, num_cpus=1)
-    monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)  # this process submits and polls
     url = cluster.dashboard
     try:
         study = yaml.safe_load((ROOT / "studies" / "quickstart.yaml").read_text())
@@ -38,20 +49,19 @@ def test_submit_study_to_two_node_cluster(tmp_path, capsys, monkeypatch):
         path = tmp_path / "cluster_quickstart.yaml"
         path.write_text(yaml.safe_dump(study, sort_keys=False))
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-        rc = main(
-            [
-                "submit",
-                str(path),
-                "--address",
-                url,
-                "--wait",
-                "--storage",
-                str(tmp_path / "studies"),
-                "--tracking-uri",
-                uri,
-            ]
+        res = _cli(
+            cluster,
+            "submit",
+            str(path),
+            "--address",
+            url,
+            "--wait",
+            "--storage",
+            str(tmp_path / "studies"),
+            "--tracking-uri",
+            uri,
         )
-        assert rc == 0
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("calibtune-quickstart")
         trials = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
@@ -60,10 +70,10 @@ def test_submit_study_to_two_node_cluster(tmp_path, capsys, monkeypatch):
         assert all("test/ece" in t.data.metrics for t in trials)
         nodes = {t.data.tags["calibtune.node_id"] for t in trials}
         assert len(nodes) == 2, nodes  # trials ran on both nodes
-        job_id = capsys.readouterr().out.split("as Ray job ")[1].split()[0]
-        assert main(["status", "--address", url]) == 0
-        assert job_id in capsys.readouterr().out
-        assert main(["logs", job_id, "--address", url]) == 0
-        assert "[calibtune] trial" in capsys.readouterr().out
+        job_id = res.stdout.split("as Ray job ")[1].split()[0]
+        status = _cli(cluster, "status", "--address", url)
+        assert status.returncode == 0 and job_id in status.stdout
+        logs = _cli(cluster, "logs", job_id, "--address", url)
+        assert logs.returncode == 0 and "[calibtune] trial" in logs.stdout
     finally:
         cluster.stop()
