@@ -6,7 +6,6 @@ Ray Tune's `OptunaSearch` over the trial engine; `resume_study` restores an inte
 """
 
 from ._config import Objective, SearchConfig, StudyConfig, StudyError, load_study, parse_study
-from ._optuna import define_by_run
 from ._results import (
     StudyNotFoundError,
     compare_table,
@@ -19,7 +18,6 @@ from ._search import StudyOutcome, resume_study, run_study
 from ._spaces import LossSpace, Space, SpaceError, load_loss_space, parse_loss_space
 from ._studydir import StudyDir, StudyDirError, StudyLockedError
 from ._tracking import default_tracking_uri, mlflow_metric_name
-from ._trainable import trial_dict
 
 __all__ = [
     "LossSpace",
@@ -36,7 +34,6 @@ __all__ = [
     "StudyOutcome",
     "compare_table",
     "default_tracking_uri",
-    "define_by_run",
     "export_best",
     "load_loss_space",
     "load_study",
@@ -47,6 +44,5 @@ __all__ = [
     "report_table",
     "resume_study",
     "run_study",
-    "trial_dict",
     "trials_frame",
 ]
