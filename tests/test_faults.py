@@ -306,10 +306,11 @@ def test_full_disk_stops_with_one_line_and_resume_finishes(tmp_path):
     script = f"""
 set -u
 mount -t tmpfs -o size=48m tmpfs {storage}
+export CALIBTUNE_FAILPOINT=epoch_end:2 CALIBTUNE_FAILPOINT_PAUSE_S=15  # the disk fills here
 {py} -m calibtune run {path} --quiet > {tmp_path}/run.out 2> {tmp_path}/run.err &
 pid=$!
-for i in $(seq 600); do
-  ls {sdir}/trials/*/checkpoints/epoch_000001 >/dev/null 2>&1 && break; sleep 0.5
+for i in $(seq 1200); do
+  [ -e {tmp_path}/epoch_end.hit ] && break; sleep 0.5
 done
 avail=$(df --output=avail -k {storage} | tail -1)
 dd if=/dev/zero of={storage}/filler bs=1K count=$((avail - 4096)) 2>/dev/null
