@@ -7,7 +7,6 @@ it); outside CI the test skips without it, in CI (``CI`` set) its absence is a f
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import shutil
 import subprocess
@@ -26,12 +25,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("CALIBTUNE_TEST_PG_URL")
 BIN = Path(sys.executable).parent
-
-
-def _has_optuna_storage() -> bool:
-    from calibtune.study._config import SearchConfig
-
-    return "optuna_storage" in {f.name for f in dataclasses.fields(SearchConfig)}
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +119,9 @@ def _study_file(tmp: Path, optuna_url: str | None) -> Path:
 def lab(pg_url, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("lab")
     db_url, db_name = _fresh_database(pg_url)
-    optuna_url = db_url if _has_optuna_storage() else None
+    # Optuna on the same server, in its own database: MLflow and Optuna both keep an
+    # alembic_version table, so one database cannot hold both schemas
+    optuna_url, optuna_name = _fresh_database(pg_url)
     server, url = _start_server(db_url, tmp / "artifacts")
     try:
         study = _study_file(tmp, optuna_url)
@@ -139,6 +134,7 @@ def lab(pg_url, tmp_path_factory):
     finally:
         stop_ui(server)
         _drop_database(pg_url, db_name)
+        _drop_database(pg_url, optuna_name)
         shutil.rmtree(tmp / "artifacts", ignore_errors=True)
 
 
@@ -175,12 +171,10 @@ def test_study_logs_parent_children_metrics_and_artifacts_to_the_server(lab):
 def test_optuna_study_lives_on_the_same_postgresql(lab):
     import optuna
 
-    _, db_url, _, optuna_url = lab
-    if optuna_url is None:
-        pytest.xfail("needs dash branch (search.optuna_storage)")
-    summaries = optuna.get_all_study_summaries(storage=db_url)
+    _, _, _, optuna_url = lab
+    summaries = optuna.get_all_study_summaries(storage=optuna_url)
     assert len(summaries) == 1, [s.study_name for s in summaries]
     assert summaries[0].n_trials == 2
     states = {t.state for t in optuna.load_study(study_name=summaries[0].study_name,
-                                                 storage=db_url).trials}  # fmt: skip
+                                                 storage=optuna_url).trials}  # fmt: skip
     assert states == {optuna.trial.TrialState.COMPLETE}
