@@ -10,13 +10,9 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from calibtune.cli import main
 from calibtune.losses import LOSSES
-from calibtune.study import (
-    StudyError,
-    define_by_run,
-    load_loss_space,
-    load_study,
-    trial_dict,
-)
+from calibtune.study import StudyError, load_loss_space, load_study
+from calibtune.study._optuna import define_by_run
+from calibtune.study._trainable import trial_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
