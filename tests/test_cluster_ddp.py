@@ -203,7 +203,8 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     first is SIGKILLed mid-trial, and that trial restarts from its last checkpoint
     (``max_failures: 1``) and finishes in the same MLflow run."""
     scaling = {"placement_strategy": "STRICT_SPREAD", "max_failures": 1}
-    study = _study(tmp_path, "ddp_spread", epochs=3, scaling=scaling, batch=8)
+    # 5 epochs: the kill after epoch 2 lands mid-training even on an idle machine
+    study = _study(tmp_path, "ddp_spread", epochs=5, scaling=scaling, batch=8)
     proc = _run(cluster, tmp_path, study)
     # epoch 2 logged: epoch 1's checkpoint was reported (an epoch is logged before its report)
     first = _wait_for_epoch(tmp_path, proc, epoch=2)
@@ -225,7 +226,7 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     assert after["start_epoch"] >= 1  # … restored from a checkpoint, not from scratch
     assert _workers(tmp_path, "ddp_spread", trials[1])["start_epoch"] == 0
     _known_bugs(
-        [_epochs_once(client, trials, 3), _same_as_uninterrupted(client, trials[0], trials[1])]
+        [_epochs_once(client, trials, 5), _same_as_uninterrupted(client, trials[0], trials[1])]
     )
 
 
@@ -236,7 +237,8 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     so (exit 1: every trial failed); ``calibtune resume`` on the remaining head node then
     finishes it in the same MLflow run from its epoch-2 checkpoint, re-running epoch 3."""
     scaling = {"placement_strategy": "SPREAD", "max_failures": 0}
-    study = _study(tmp_path, "ddp_raylet", epochs=4, scaling=scaling, every=2, trials=1, batch=8)
+    # 8 epochs: the kill after epoch 3 lands mid-training even on an idle machine
+    study = _study(tmp_path, "ddp_raylet", epochs=8, scaling=scaling, every=2, trials=1, batch=8)
     proc = _run(cluster, tmp_path, study)
     first = _wait_for_epoch(tmp_path, proc, epoch=3)
     ranks = _workers(tmp_path, "ddp_raylet", first)["ranks"]
@@ -258,6 +260,6 @@ def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_
     _check_study(parent, resumed, 1)
     assert resumed[0].info.run_id == first.info.run_id
     after = _workers(tmp_path, "ddp_raylet", resumed[0])
-    assert after["start_epoch"] in (2, 4)  # from its last reported checkpoint
+    assert after["start_epoch"] in (2, 4, 6)  # from its last reported checkpoint
     assert len({r["node_id"] for r in after["ranks"]}) == 1  # on the head node alone
-    _known_bugs([_epochs_once(client, resumed, 4)])
+    _known_bugs([_epochs_once(client, resumed, 8)])
