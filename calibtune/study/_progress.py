@@ -104,12 +104,7 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
                 pick = min if objective.mode == "min" else max
                 self.best = float(value) if self.best is None else pick(self.best, float(value))
             shown = "n/a" if value is None else f"{value:.4f}"
-            clear_line()  # the live status line, on a TTY
-            print(
-                f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) done: "
-                f"{objective.metric}={shown} | {self._tail(trials, trial)}",
-                flush=True,
-            )
+            self._line(trials, trial, f"done: {objective.metric}={shown}")
             summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
@@ -118,13 +113,16 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             child = _child(payload, trial.trial_id)
             if child is not None and child.data.tags.get(TAG_STATUS) == "running":
                 _record_failure(payload.tracking_uri, child.info.run_id, reason)
+            self._line(trials, trial, f"failed: {reason}")
+            summarize(trial, True)
+
+        def _line(self, trials: list[Any], trial: Any, what: str) -> None:
             clear_line()  # the live status line, on a TTY
+            loss = trial.config.get("loss")
             print(
-                f"[calibtune] trial {trial.trial_id} ({trial.config.get('loss')}) failed: "
-                f"{reason} | {self._tail(trials, trial)}",
+                f"[calibtune] trial {trial.trial_id} ({loss}) {what} | {self._tail(trials, trial)}",
                 flush=True,
             )
-            summarize(trial, True)
 
     return Progress()
 
