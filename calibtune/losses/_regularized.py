@@ -23,7 +23,6 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from calibtune._registry import Param
 
@@ -44,6 +43,31 @@ LOGITNORM_EPS = 1e-7
 
 def _compute(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in _HALF else logits
+
+
+def _softmax_nll(
+    z: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns).
+
+    One exp pass: −log p_y = max z − z_y − log max p, because max p = 1/Σ_k exp(z_k − max z)
+    (in [1/K, 1], so the log is exact where log p_y itself would underflow).
+    """
+    p = torch.softmax(z, dim=1)
+    zmax = z.amax(dim=1, keepdim=True)
+    pmax = p.amax(dim=1, keepdim=True)
+    nlp = (zmax - z.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
+    return p, nlp, zmax, pmax
+
+
+def _top_share(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
+    """A new (B, K) tensor: 1/t at the t classes of a row that tie for max p, 0 elsewhere — where
+    the gradient of a row maximum goes (shared among ties, as ``torch.amax``'s). p/max p is
+    exactly 1 at a tie and below 1 elsewhere, so its floor is the tie mask (float ops: bool masks
+    are slow on CPU). Callers scale it in place and accumulate into it (one buffer per backward).
+    """
+    top = torch.div(p, pmax).floor_()
+    return top.div_(top.sum(dim=1, keepdim=True))
 
 
 def _upstream(
@@ -71,41 +95,37 @@ def _finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> tor
 class _MbLS(torch.autograd.Function):
     """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
 
-    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and j_i = argmax_k z_ik:
-    ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i 1[k = j_i].
+    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_share` (1 at the argmax):
+    ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
-        logp = torch.log_softmax(z, dim=1)
-        nlp = F.nll_loss(logp, targets, reduction="none")
-        zmax, arg = z.max(dim=1, keepdim=True)
-        thr = zmax - margin  # u_ik = 1 ⇔ z_ik < max − m
-        pen = F.relu(thr - z).sum(dim=1)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        over = torch.sub(zmax - margin, z).clamp_min_(0.0)  # relu(d_ik − m)
         k = z.shape[1]
+        loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
         if need_grad:
-            ctx.save_for_backward(z, logp, targets, thr, arg)
+            ctx.save_for_backward(p, targets, pmax, over.sign_())  # u, in the same buffer
             ctx.setup = (lam / k, reduction, logits.dtype)
-        return _finish(torch.add(nlp, pen, alpha=lam / k), reduction, logits.dtype)
+        return _finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        z, logp, targets, thr, arg = ctx.saved_tensors
+        p, targets, pmax, u = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
-        a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
-        below = z < thr
+        a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         ca = a * coef
-        grad = torch.where(below, logp.exp().mul_(a).sub_(ca), logp.exp().mul_(a))
-        grad.scatter_add_(1, arg, below.sum(dim=1, keepdim=True).to(z.dtype).mul_(ca))
-        grad = _minus_onehot(grad, targets, a)
-        return grad.to(dtype), None, None, None, None, None
+        grad = _top_share(p, pmax).mul_(u.sum(dim=1, keepdim=True).mul_(ca))
+        grad.addcmul_(u, ca, value=-1.0).addcmul_(p, a.expand_as(ca))
+        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None, None
 
 
 class _LogitNorm(torch.autograd.Function):
-    """ℓ_i = CE(s_i, y_i), s_i = z_i / (τ(‖z_i‖ + ε)).
+    """ℓ_i = CE(s_i, y_i), s_i = r_i z_i, r_i = 1/(τ(‖z_i‖ + ε)).
 
-    With r_i = 1/(τ(n_i + ε)), n_i = ‖z_i‖ and g_i = p_i(s_i) − onehot(y_i) (the CE gradient in s):
+    With n_i = ‖z_i‖ and g_i = p_i(s_i) − onehot(y_i) (the CE gradient in s):
     ∂ℓ_i/∂z_i = r_i (g_i − z_i (g_i·z_i) / (n_i (n_i + ε))).
     """
 
@@ -114,25 +134,23 @@ class _LogitNorm(torch.autograd.Function):
         z = _compute(logits)
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
-        logp = torch.log_softmax(z * r, dim=1)
-        nlp = F.nll_loss(logp, targets, reduction="none")
+        p, nlp, _, _ = _softmax_nll(z * r, targets)
         if need_grad:
-            ctx.save_for_backward(z, logp, targets, n, r)
+            ctx.save_for_backward(z, p, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
         return _finish(nlp, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        z, logp, targets, n, r = ctx.saved_tensors
+        z, p, targets, n, r = ctx.saved_tensors
         reduction, dtype = ctx.setup
         a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
-        p = logp.exp()
         z_y = z.gather(1, targets.unsqueeze(1))
         gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
         denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
-        grad = _minus_onehot(p.mul_(a * r), targets, a * r)
-        grad.sub_(z * gz.div_(denom).mul_(r))
+        grad = _minus_onehot(p * (a * r), targets, a * r)
+        grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
         return grad.to(dtype), None, None, None, None
 
 
@@ -147,17 +165,14 @@ class _MDCA(torch.autograd.Function):
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
         b, k = z.shape
-        logp = torch.log_softmax(z, dim=1)
-        nlp = F.nll_loss(logp, targets, reduction="none")
-        p = logp.exp()
+        p, nlp, _, _ = _softmax_nll(z, targets)
         ones = torch.ones((), dtype=z.dtype, device=z.device).expand(b)
         freq = torch.zeros(k, dtype=z.dtype, device=z.device).index_add_(0, targets, ones)
         diff = p.mean(dim=0).sub_(freq.div_(b))
-        reg = diff.abs().sum() / k
         if need_grad:
             ctx.save_for_backward(p, targets, diff)
             ctx.setup = (beta / (k * b), reduction, logits.dtype)
-        return _finish(nlp + beta * reg, reduction, logits.dtype)
+        return _finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
@@ -171,36 +186,32 @@ class _MDCA(torch.autograd.Function):
 
 
 class _DCA(torch.autograd.Function):
-    """ℓ_i = CE_i + β |C − A|, C = mean_i max_k p_ik, A = mean_i 1[argmax_k p_ik = y_i].
+    """ℓ_i = CE_i + β |C − A|, C = mean_i max_k p_ik, A = mean_i 1[z_iy = max_k z_ik].
 
-    A is piecewise constant (no gradient). With j_i the argmax, q_i = p_ij_i and
-    h = c β sign(C − A) / B (c = Σ_i a_i), using ∂q_i/∂z_i = q_i (onehot(j_i) − p_i):
-    ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (onehot(j_i) − p_i).
+    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_share` (1 at the
+    argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using ∂q_i/∂z_i = q_i (t_i − p_i):
+    ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (t_i − p_i).
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
-        logp = torch.log_softmax(z, dim=1)
-        nlp = F.nll_loss(logp, targets, reduction="none")
-        top, arg = logp.max(dim=1, keepdim=True)
-        conf = top.exp()
-        gap = conf.mean() - (arg.squeeze(1) == targets).to(z.dtype).mean()
+        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
+        gap = pmax.mean() - correct.to(z.dtype).mean()
         if need_grad:
-            ctx.save_for_backward(logp, targets, conf, arg, gap)
+            ctx.save_for_backward(p, targets, pmax, gap)
             ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
         return _finish(nlp + beta * gap.abs(), reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        logp, targets, conf, arg, gap = ctx.saved_tensors
+        p, targets, pmax, gap = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
-        a, c = _upstream(grad_out, reduction, logp.shape[0], logp.dtype)
-        hq = conf * (gap.sign() * c * coef)  # h q_i, (B, 1)
-        grad = logp.exp().mul_(a - hq)
-        grad.scatter_add_(1, arg, hq)
-        grad = _minus_onehot(grad, targets, a)
-        return grad.to(dtype), None, None, None, None
+        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
+        grad = _top_share(p, pmax).mul_(hq).addcmul_(p, a - hq)
+        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None
 
 
 def _need_grad(logits: torch.Tensor) -> bool:
