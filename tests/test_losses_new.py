@@ -188,3 +188,32 @@ def test_defaults_are_the_papers(name: str) -> None:
         "dca": {"beta": 5.0},
     }[name]
     assert build_loss(name).hparams == expected
+
+
+def test_ties_for_the_top_logit_share_its_gradient_like_amax() -> None:
+    # rows with two or three equal maxima (the ±50-logit regime of the contract tests): the
+    # gradient through max_j z_j is split evenly among the tied classes, as torch.amax's is
+    z = torch.tensor(
+        [[3.0, 3.0, -6.0, 0.0], [1.0, 1.0, 1.0, -9.0], [0.0, 5.0, -2.0, 5.0]], dtype=torch.float64
+    )
+    y = torch.tensor([0, 3, 2])
+
+    def ref_mbls_amax(t):
+        d = t.amax(dim=1, keepdim=True) - t
+        return TF.cross_entropy(t, y) + 0.3 * TF.relu(d - 4.0).mean(dim=1).mean()
+
+    def ref_dca_amax(t):
+        conf = torch.softmax(t, dim=1).amax(dim=1)
+        correct = (t.gather(1, y[:, None]).squeeze(1) == t.amax(dim=1)).double()
+        return TF.cross_entropy(t, y) + 2.0 * (conf.mean() - correct.mean()).abs()
+
+    for fn, ref in [
+        (lambda t: F_cal.mbls_loss(t, y, 4.0, 0.3), ref_mbls_amax),
+        (lambda t: F_cal.dca_loss(t, y, 2.0), ref_dca_amax),
+    ]:
+        za, zr = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+        out, expected = fn(za), ref(zr)
+        torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
+        out.backward()
+        expected.backward()
+        torch.testing.assert_close(za.grad, zr.grad, rtol=1e-10, atol=1e-12)

@@ -134,10 +134,12 @@ class _LogitNorm(torch.autograd.Function):
         z = _compute(logits)
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
-        p, nlp, _, _ = _softmax_nll(z * r, targets)
+        s = z * r
+        p, nlp, _, _ = _softmax_nll(s, targets)
         if need_grad:
             ctx.save_for_backward(z, p, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
+            ctx.spare = s  # dead after this line: the first backward writes its gradient into it
         return _finish(nlp, reduction, logits.dtype)
 
     @staticmethod
@@ -149,7 +151,11 @@ class _LogitNorm(torch.autograd.Function):
         gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
         denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
-        grad = _minus_onehot(p * (a * r), targets, a * r)
+        # a second backward (retain_graph) must not overwrite the gradient the first returned
+        spare, ctx.spare = ctx.spare, None
+        ar = a * r
+        grad = torch.mul(p, ar) if spare is None else torch.mul(p, ar, out=spare)
+        grad = _minus_onehot(grad, targets, ar)
         grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
         return grad.to(dtype), None, None, None, None
 
