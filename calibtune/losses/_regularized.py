@@ -1,8 +1,9 @@
 """Cross-entropy plus a calibration regulariser: MbLS, LogitNorm, MDCA and DCA (issue 14).
 
 Each is ``(logits (B, K), targets (B,) int64, hyperparameters, reduction) -> loss`` with the
-conventions of `calibtune.losses._functional` (``log_softmax`` numerics, ``"mean"``/``"sum"``/
-``"none"``, shape/dtype checks always, hyperparameter checks unless ``validate_args=False``).
+conventions of `calibtune.losses._functional` (finite loss and gradient for any finite logits,
+``"mean"``/``"sum"``/``"none"``, shape/dtype checks always, hyperparameter checks unless
+``validate_args=False``); −log p_y is never log(softmax) (see `_softmax_nll`).
 
 **Batch-level terms.** MDCA and DCA compare batch averages, so their regulariser R is one number
 per batch. As for ``mmce_loss``, ``"none"`` returns CE_i + β·R for every sample, so ``"mean"`` =
@@ -63,8 +64,9 @@ def _softmax_nll(
 def _top_share(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
     """A new (B, K) tensor: 1/t at the t classes of a row that tie for max p, 0 elsewhere — where
     the gradient of a row maximum goes (shared among ties, as ``torch.amax``'s). p/max p is
-    exactly 1 at a tie and below 1 elsewhere, so its floor is the tie mask (float ops: bool masks
-    are slow on CPU). Callers scale it in place and accumulate into it (one buffer per backward).
+    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere,
+    so its floor is the tie mask (float ops: bool masks are slow on CPU). Callers scale it in
+    place and accumulate into it (one buffer per backward).
     """
     top = torch.div(p, pmax).floor_()
     return top.div_(top.sum(dim=1, keepdim=True))
