@@ -264,7 +264,7 @@ def logitnorm_loss(
     *,
     validate_args: bool = True,
 ) -> torch.Tensor:
-    """Logit normalisation (LogitNorm; Wei et al., ICML 2022, Eq. 5)::
+    """Logit normalisation (LogitNorm; Wei et al., ICML 2022)::
 
         ℓ_i = −log softmax(z_i / (τ(‖z_i‖₂ + ε)))_y,   ε = 1e-7 (as in the authors' code)
 
