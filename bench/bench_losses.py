@@ -14,7 +14,7 @@ Also times ``AdaFocalLoss.update`` on 5000 × 100 validation probabilities (targ
 for reference, AdaFocal written the way the seed code does it (a Python loop over the samples with
 ``.item()`` to look up each γ; re-typed here, not imported) against ours at the same sizes.
 
-Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30]``.
+Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30] [--losses mbls,dca]``.
 """
 
 from __future__ import annotations
@@ -142,12 +142,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--losses", help="comma-separated subset of list_losses() (default: all)")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(1)
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
-    names = list_losses()
+    names = args.losses.split(",") if args.losses else list_losses()
     header = "| loss | " + " | ".join(f"B={b}, K={k}" for b, k in SIZES) + " |"
     print(header)
     print("|---" * (len(SIZES) + 1) + "|")

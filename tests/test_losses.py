@@ -199,6 +199,11 @@ def test_registry_is_the_shared_registry_type() -> None:
         "brier",
         "label_smoothing",
         "mmce",
+        # issue 14
+        "mbls",
+        "logitnorm",
+        "mdca",
+        "dca",
     }
 
 

@@ -28,6 +28,7 @@ from ._modules import (
 )
 from ._reduce import REDUCTIONS
 from ._registry import LOSSES, build_loss, list_losses
+from ._regularized_modules import DCALoss, LogitNormLoss, MbLSLoss, MDCALoss  # issue 14
 
 __all__ = [
     "LOSSES",
@@ -38,13 +39,17 @@ __all__ = [
     "CalFocalLoss",
     "CalibrationLoss",
     "CrossEntropyLoss",
+    "DCALoss",
     "DualFocalLoss",
     "FLSDLoss",
     "FocalCalibrationLoss",
     "FocalLoss",
     "InverseFocalLoss",
     "LabelSmoothingLoss",
+    "LogitNormLoss",
+    "MDCALoss",
     "MMCELoss",
+    "MbLSLoss",
     "build_loss",
     "flsd_from_p0",
     "functional",

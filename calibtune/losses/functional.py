@@ -39,6 +39,7 @@ from ._functional import (
     mmce_weighted,
 )
 from ._reduce import REDUCTIONS, reduce_loss
+from ._regularized import dca_loss, logitnorm_loss, mbls_loss, mdca_loss
 
 __all__ = [
     "REDUCTIONS",
@@ -50,6 +51,7 @@ __all__ = [
     "calfocal_gammas",
     "calfocal_loss",
     "cross_entropy_loss",
+    "dca_loss",
     "dual_focal_loss",
     "fcl_loss",
     "flsd_from_p0",
@@ -58,6 +60,9 @@ __all__ = [
     "initial_edges",
     "inverse_focal_loss",
     "label_smoothing_loss",
+    "logitnorm_loss",
+    "mbls_loss",
+    "mdca_loss",
     "mmce_loss",
     "mmce_weighted",
     "reduce_loss",

@@ -1,0 +1,336 @@
+"""Cross-entropy plus a calibration regulariser: MbLS, LogitNorm, MDCA and DCA (issue 14).
+
+Each is ``(logits (B, K), targets (B,) int64, hyperparameters, reduction) -> loss`` with the
+conventions of `calibtune.losses._functional` (finite loss and gradient for any finite logits,
+``"mean"``/``"sum"``/``"none"``, shape/dtype checks always, hyperparameter checks unless
+``validate_args=False``); −log p_y is never log(softmax) (see `_softmax_nll`).
+
+**Batch-level terms.** MDCA and DCA compare batch averages, so their regulariser R is one number
+per batch. As for ``mmce_loss``, ``"none"`` returns CE_i + β·R for every sample, so ``"mean"`` =
+mean CE + β·R (the papers' loss, what the training loop minimises) and ``"sum"`` = ``"mean"``·B
+like every other loss; the gradient of ``"none"`` under upstream weights w is Σ_i w_i ∂CE_i +
+(Σ_i w_i)·β ∂R. R depends on the batch, so per-sample values are not independent of each other.
+
+**Fused backward.** Each loss is one autograd node whose ``backward`` writes the closed-form
+gradient (written out in each ``_Fn.backward``), so forward+backward costs a few passes over the
+(B, K) logits more than ``F.cross_entropy`` instead of one autograd node per elementwise op.
+The cross-entropy part is always ``dCE_i/dz_i = p_i − onehot(y_i)``. 16-bit logits are computed in
+float32 and the result and gradient are cast back (as in `calibtune.losses._kernel`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from calibtune._registry import Param
+
+from ._functional import LAM, _check, _check_inputs, _reduction
+from ._reduce import Reduction, expand_reduced_grad, reduce_loss
+
+__all__ = ["dca_loss", "logitnorm_loss", "mbls_loss", "mdca_loss"]
+
+_HALF = (torch.float16, torch.bfloat16)
+# the rules of the hyperparameters; the registry's declarations add defaults and docs
+MARGIN = Param("margin", 0.0, low=0.0, doc="logit-distance margin m ≥ 0")
+BETA = Param("beta", 0.0, low=0.0, doc="weight β ≥ 0 of the batch calibration term")
+TAU = Param("tau", 1.0, low=0.0, low_open=True, doc="temperature τ > 0 of the normalised logits")
+MBLS_LAM = replace(LAM, doc="weight λ ≥ 0 of the margin penalty")
+# LogitNorm's official code adds this to ‖z‖ so that an all-zero logit row stays finite
+LOGITNORM_EPS = 1e-7
+
+
+def _compute(logits: torch.Tensor) -> torch.Tensor:
+    return logits.float() if logits.dtype in _HALF else logits
+
+
+def _softmax_nll(
+    z: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns).
+
+    One exp pass: −log p_y = max z − z_y − log max p, because max p = 1/Σ_k exp(z_k − max z)
+    (in [1/K, 1], so the log is exact where log p_y itself would underflow).
+    """
+    p = torch.softmax(z, dim=1)
+    zmax = z.amax(dim=1, keepdim=True)
+    pmax = p.amax(dim=1, keepdim=True)
+    nlp = (zmax - z.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
+    return p, nlp, zmax, pmax
+
+
+def _top_share(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
+    """A new (B, K) tensor: 1/t at the t classes of a row that tie for max p, 0 elsewhere — where
+    the gradient of a row maximum goes (shared among ties, as ``torch.amax``'s). p/max p is
+    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere,
+    so its floor is the tie mask (float ops: bool masks are slow on CPU). Callers scale it in
+    place and accumulate into it (one buffer per backward).
+    """
+    top = torch.div(p, pmax).floor_()
+    return top.div_(top.sum(dim=1, keepdim=True))
+
+
+def _upstream(
+    grad_out: torch.Tensor, reduction: Reduction, b: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight a_i of each per-sample loss in the upstream gradient, as a (B, 1) column or a
+    0-dim scalar, and Σ_i a_i (the weight of a batch-level term that every sample carries)."""
+    a = expand_reduced_grad(grad_out.to(dtype), reduction, b)
+    if a.dim() == 1:
+        return a.unsqueeze(1), a.sum()
+    return a, a * b
+
+
+def _minus_onehot(grad: torch.Tensor, targets: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """``grad − a_i·onehot(y_i)``, in place: the −onehot part of the cross-entropy gradient."""
+    col = (-a).expand(grad.shape[0], 1)
+    return grad.scatter_add_(1, targets.unsqueeze(1), col)
+
+
+def _finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> torch.Tensor:
+    out = reduce_loss(loss, reduction)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+class _MbLS(torch.autograd.Function):
+    """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
+
+    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_share` (1 at the argmax):
+    ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
+        z = _compute(logits)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        over = torch.sub(zmax - margin, z).clamp_min_(0.0)  # relu(d_ik − m)
+        k = z.shape[1]
+        loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
+        if need_grad:
+            ctx.save_for_backward(p, targets, pmax, over.sign_())  # u, in the same buffer
+            ctx.setup = (lam / k, reduction, logits.dtype)
+        return _finish(loss, reduction, logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        p, targets, pmax, u = ctx.saved_tensors
+        coef, reduction, dtype = ctx.setup
+        a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        ca = a * coef
+        grad = _top_share(p, pmax).mul_(u.sum(dim=1, keepdim=True).mul_(ca))
+        grad.addcmul_(u, ca, value=-1.0).addcmul_(p, a.expand_as(ca))
+        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None, None
+
+
+class _LogitNorm(torch.autograd.Function):
+    """ℓ_i = CE(s_i, y_i), s_i = r_i z_i, r_i = 1/(τ(‖z_i‖ + ε)).
+
+    With n_i = ‖z_i‖ and g_i = p_i(s_i) − onehot(y_i) (the CE gradient in s):
+    ∂ℓ_i/∂z_i = r_i (g_i − z_i (g_i·z_i) / (n_i (n_i + ε))).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits, targets, tau, reduction, need_grad):  # type: ignore[override]
+        z = _compute(logits)
+        n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
+        r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
+        s = z * r
+        p, nlp, _, _ = _softmax_nll(s, targets)
+        if need_grad:
+            ctx.save_for_backward(z, p, targets, n, r)
+            ctx.setup = (reduction, logits.dtype)
+            ctx.spare = s  # dead after this line: the first backward writes its gradient into it
+        return _finish(nlp, reduction, logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        z, p, targets, n, r = ctx.saved_tensors
+        reduction, dtype = ctx.setup
+        a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
+        z_y = z.gather(1, targets.unsqueeze(1))
+        gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
+        # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
+        denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
+        # a second backward (retain_graph) must not overwrite the gradient the first returned
+        spare, ctx.spare = ctx.spare, None
+        ar = a * r
+        grad = torch.mul(p, ar) if spare is None else torch.mul(p, ar, out=spare)
+        grad = _minus_onehot(grad, targets, ar)
+        grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
+        return grad.to(dtype), None, None, None, None
+
+
+class _MDCA(torch.autograd.Function):
+    """ℓ_i = CE_i + β R, R = (1/K) Σ_k |p̄_k − f_k|, p̄ = mean_i p_i, f_k = mean_i 1[y_i = k].
+
+    With G_k = β sign(p̄_k − f_k) / (K B) (a (K,) vector) and c = Σ_i a_i:
+    ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + c p_i ⊙ (G − p_i·G).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
+        z = _compute(logits)
+        b, k = z.shape
+        p, nlp, _, _ = _softmax_nll(z, targets)
+        ones = torch.ones((), dtype=z.dtype, device=z.device).expand(b)
+        freq = torch.zeros(k, dtype=z.dtype, device=z.device).index_add_(0, targets, ones)
+        diff = p.mean(dim=0).sub_(freq.div_(b))
+        if need_grad:
+            ctx.save_for_backward(p, targets, diff)
+            ctx.setup = (beta / (k * b), reduction, logits.dtype)
+        return _finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        p, targets, diff = ctx.saved_tensors
+        coef, reduction, dtype = ctx.setup
+        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        g = diff.sign().mul_(c * coef)  # c·G
+        row = a - (p @ g).unsqueeze(1)
+        grad = _minus_onehot((g + row).mul_(p), targets, a)
+        return grad.to(dtype), None, None, None, None
+
+
+class _DCA(torch.autograd.Function):
+    """ℓ_i = CE_i + β |C − A|, C = mean_i max_k p_ik, A = mean_i 1[z_iy = max_k z_ik].
+
+    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_share` (1 at the
+    argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using ∂q_i/∂z_i = q_i (t_i − p_i):
+    ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (t_i − p_i).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
+        z = _compute(logits)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
+        gap = pmax.mean() - correct.to(z.dtype).mean()
+        if need_grad:
+            ctx.save_for_backward(p, targets, pmax, gap)
+            ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
+        return _finish(nlp + beta * gap.abs(), reduction, logits.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
+        p, targets, pmax, gap = ctx.saved_tensors
+        coef, reduction, dtype = ctx.setup
+        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
+        grad = _top_share(p, pmax).mul_(hq).addcmul_(p, a - hq)
+        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None
+
+
+def _need_grad(logits: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and logits.requires_grad
+
+
+def mbls_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    margin: float,
+    lam: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Margin-based label smoothing (MbLS; Liu et al., "The Devil is in the Margin", CVPR 2022)::
+
+        ℓ_i = −log p_iy + (λ/K) Σ_k max(0, max_j z_ij − z_ik − m)
+
+    The paper writes λ Σ_k; the authors' code (``LogitMarginL1``) averages the penalty over the
+    K classes, and its λ = 0.1 (with m = 6 or 10) is what the paper reports, so the sum is
+    divided by K here (paper λ = ours / K). Gradients flow through max_j z_ij as in that code.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+
+    >>> z, y = torch.tensor([[8.0, 1.0, 0.0]]), torch.tensor([0])
+    >>> # distances 0, 7, 8; above m = 6: 1 and 2 → penalty (1 + 2)/3 = 1; CE = 0.00125
+    >>> round(float(mbls_loss(z, y, margin=6.0, lam=0.1)), 5)
+    0.10125
+    """
+    _check_inputs(logits, targets, "mbls_loss")
+    margin = _check(MARGIN, margin, "mbls_loss", validate_args)
+    lam = _check(MBLS_LAM, lam, "mbls_loss", validate_args)
+    red = _reduction(reduction, validate_args)
+    return _MbLS.apply(logits, targets, margin, lam, red, _need_grad(logits))
+
+
+def logitnorm_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    tau: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Logit normalisation (LogitNorm; Wei et al., ICML 2022)::
+
+        ℓ_i = −log softmax(z_i / (τ(‖z_i‖₂ + ε)))_y,   ε = 1e-7 (as in the authors' code)
+
+    The paper uses τ = 0.04 on CIFAR-10. Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+
+    >>> z, y = torch.tensor([[3.0, 4.0]]), torch.tensor([1])
+    >>> # z/‖z‖ = (0.6, 0.8); /τ = 1 → CE of (0.6, 0.8) at class 1 = log(1 + e^−0.2) = 0.59814
+    >>> round(float(logitnorm_loss(z, y, tau=1.0)), 5)
+    0.59814
+    """
+    _check_inputs(logits, targets, "logitnorm_loss")
+    tau = _check(TAU, tau, "logitnorm_loss", validate_args)
+    red = _reduction(reduction, validate_args)
+    return _LogitNorm.apply(logits, targets, tau, red, _need_grad(logits))
+
+
+def mdca_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    beta: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Cross-entropy + β·MDCA (Hebbalaguppe et al., "A Stitch in Time Saves Nine", CVPR 2022)::
+
+        ℓ_i = −log p_iy + β (1/K) Σ_k |(1/B) Σ_j p_jk − (1/B) Σ_j 1[y_j = k]|
+
+    MDCA is a batch-level term (module docstring: ``"none"`` gives CE_i + β·MDCA per sample).
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+
+    >>> z, y = torch.zeros(2, 2), torch.tensor([0, 0])
+    >>> # p̄ = (0.5, 0.5), f = (1, 0): MDCA = (0.5 + 0.5)/2 = 0.5; CE = log 2 = 0.69315
+    >>> round(float(mdca_loss(z, y, beta=1.0)), 5)
+    1.19315
+    """
+    _check_inputs(logits, targets, "mdca_loss")
+    beta = _check(BETA, beta, "mdca_loss", validate_args)
+    red = _reduction(reduction, validate_args)
+    return _MDCA.apply(logits, targets, beta, red, _need_grad(logits))
+
+
+def dca_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    beta: float,
+    reduction: str = "mean",
+    *,
+    validate_args: bool = True,
+) -> torch.Tensor:
+    """Cross-entropy + β·DCA (Liang et al., "Improved Trainable Calibration Method for Neural
+    Networks on Medical Imaging Classification", BMVC 2020)::
+
+        ℓ_i = −log p_iy + β |(1/B) Σ_j max_k p_jk − (1/B) Σ_j 1[argmax_k p_jk = y_j]|
+
+    DCA is a batch-level term (module docstring: ``"none"`` gives CE_i + β·DCA per sample); the
+    accuracy part is piecewise constant and carries no gradient.
+    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+
+    >>> z, y = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([1, 0])
+    >>> # confidences 0.8808, 0.5 (mean 0.6904); predictions 0, 0 → accuracy 0.5; DCA = 0.1904
+    >>> # CE = (2.1269 + 0.6931)/2 = 1.4100 → 1.4100 + 0.1904
+    >>> round(float(dca_loss(z, y, beta=1.0)), 4)
+    1.6004
+    """
+    _check_inputs(logits, targets, "dca_loss")
+    beta = _check(BETA, beta, "dca_loss", validate_args)
+    red = _reduction(reduction, validate_args)
+    return _DCA.apply(logits, targets, beta, red, _need_grad(logits))
