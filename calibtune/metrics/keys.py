@@ -19,8 +19,9 @@ entropy score). MLflow does not accept ``@`` in metric names, so `to_mlflow` wri
 
 Shift keys without ``/s<severity>`` are the mean over severities (`shift_key`).
 Only ``val/``, ``val_shift/`` and ``train/`` keys may select hyperparameters (`is_selectable`;
-`selection_refusal` says why not): selection never looks at test or OOD data. Whether higher is better comes from `HIGHER_IS_BETTER` (as
-torchmetrics' ``Metric.higher_is_better``), never from substrings of a name.
+`selection_refusal` says why not): selection never looks at test or OOD data. Whether higher
+is better comes from `HIGHER_IS_BETTER` (as torchmetrics' ``Metric.higher_is_better``), never
+from substrings of a name.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ __all__ = [
     "SELECTABLE_SPLITS",
     "SHIFT_METRICS",
     "SHIFT_SPLITS",
-    "shift_keys",
     "SPLITS",
     "MetricKey",
     "adaptive_summary",
@@ -64,6 +64,7 @@ __all__ = [
     "posthoc_key",
     "selection_refusal",
     "shift_key",
+    "shift_keys",
     "std_key",
     "to_mlflow",
 ]

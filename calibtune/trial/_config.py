@@ -24,6 +24,7 @@ from calibtune._validate import (
     ValidationError,
     check_bool,
     check_choice,
+    check_choices,
     check_float,
     check_int,
     check_keys,
@@ -67,6 +68,7 @@ class DataConfig:
     root: str | None = None
     val_fraction: float = 0.1
     ood: tuple[str, ...] | None = None  # None: calibtune.data.default_ood(name); (): none
+    shift: tuple[str, ...] | None = None  # None: calibtune.data.default_shift(name); (): none
 
 
 @dataclass(frozen=True)
@@ -202,8 +204,11 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
             if o not in known:
                 raise fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
         ood = tuple(ood)
+    shift = d.get("shift")
+    if shift is not None:  # a set corrupts one dataset's splits: only its sets are choices
+        shift = check_choices(shift, "data.shift", _d.shift_sets_for(name), f"{name} shift sets")
     vf = check_float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
-    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood)
+    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood, shift=shift)
 
 
 def _model(d: Mapping[str, Any]) -> ModelConfig:

@@ -275,7 +275,8 @@ def _loop_spec(t: _Trial) -> Any:
 
 def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
     """Rank 0: post-hoc fits and test/OOD scores on cached logits, artifacts, callbacks."""
-    from calibtune.training import evaluate_final, infer_logits
+    from calibtune.training import evaluate_final, infer_logits, shift_logits
+    from calibtune.trial._metrics import shift_sets
 
     cfg = t.cfg
 
@@ -292,13 +293,16 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
             cache.test_labels,
         )
     failpoint("final_eval")
+    ood = _ood_logits(cfg, infer)
+    shift = shift_logits(shift_sets(cfg), t.splits, infer, root=cfg.data.root, reuse=ood)
     final = evaluate_final(
         val,
         val_y,
         test,
         test_y,
         posthoc=cfg.eval.posthoc,
-        ood=_ood_logits(cfg, infer),
+        ood=ood,
+        shift=shift,
         n_bins=cfg.eval.n_bins,
     )
     art = t.trial_dir / "artifacts"
