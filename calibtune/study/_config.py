@@ -157,11 +157,8 @@ def _objectives(raw: Any) -> tuple[Objective, ...]:
             raise StudyError(
                 f"{where}.metric: expected a metric name such as val/ece, got {excerpt(metric)}"
             )
-        if _split(metric) not in (None, *K.SELECTABLE_SPLITS):
-            raise StudyError(
-                f"{where}.metric: expected a validation metric (val/...; selection never uses "
-                f"test or OOD data), got {excerpt(metric)}"
-            )
+        if _split(metric) is not None and (why := K.selection_refusal(metric)):
+            raise StudyError(f"{where}.metric: {why}, got {excerpt(metric)}")
         mode = item.get("mode", "min")
         if mode not in MODES:
             raise StudyError(f"{where}.mode: expected 'min' or 'max', got {excerpt(mode)}")
