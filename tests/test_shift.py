@@ -358,3 +358,21 @@ def test_a_tiny_digits_trial_logs_every_shift_key_and_the_figure(tmp_path: Path)
     )
     png = art / "figures" / "shift.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_missing_cifar10c_files_of_a_shift_set_are_reported_before_training(
+    tmp_path: Path,
+) -> None:
+    from calibtune.data import DatasetNotFoundError
+    from calibtune.trial import config_from_dict
+    from calibtune.trial._driver import check_data_files
+
+    cfg = config_from_dict(
+        {"data": {"name": "cifar10", "root": str(tmp_path), "ood": [], "shift": ["cifar10c-fog"]}}
+    )
+    with pytest.raises(
+        DatasetNotFoundError, match=r"cifar10c: dataset files not found: .*fog\.npy"
+    ):
+        check_data_files(cfg)
+    _write_cifar10c(tmp_path, per=2)
+    check_data_files(cfg)  # the files exist now

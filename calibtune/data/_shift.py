@@ -142,17 +142,19 @@ def load_shift(
     side: str,
     severity: int,
     *,
-    splits: Splits,
+    splits: Splits | None = None,
     root: str | os.PathLike[str] | None = None,
 ) -> Dataset:
     """Shift set ``name`` at ``severity`` on ``side`` (`SHIFT_SIDES`), normalised like
     ``splits``: the test side is loaded from its OOD set (files for CIFAR-10-C; never
-    downloaded), the validation side is ``splits.val`` corrupted."""
+    downloaded), the validation side is ``splits.val`` corrupted (``splits`` required)."""
     s = get_shift(name)
     if side == "shift":
         kw = {"corruption": s.corruption} if s.corruption else {}
         return load_ood(s.ood, root, in_distribution=s.dataset, severity=severity, **kw).dataset
-    if side != "val_shift" or not s.val_side:
+    if side == "val_shift" and s.val_side and splits is None:
+        raise ValueError(f"{name}: the validation side needs splits=, got None")
+    if side != "val_shift" or not s.val_side or splits is None:
         raise ValueError(
             f"{name}: expected a side in {', '.join(shift_severities(name))}, got {side!r}"
         )
