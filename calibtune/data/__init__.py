@@ -27,7 +27,16 @@ from ._ood import (
     load_ood,
     ood_severities,
 )
-from ._shift import default_shift, list_shift, load_shift, shift_sets_for, shift_severities
+from ._shift import (
+    dataset_labels,
+    default_shift,
+    get_shift,
+    list_shift,
+    load_shift,
+    ood_twin,
+    shift_sets_for,
+    shift_severities,
+)
 
 __all__ = [
     "CIFAR10C_CORRUPTIONS",
@@ -39,11 +48,13 @@ __all__ = [
     "NormalizedImages",
     "OODSet",
     "Splits",
+    "dataset_labels",
     "dataset_shape",
     "dataset_stats",
     "default_ood",
     "default_shift",
     "gaussian_noise_uint8",
+    "get_shift",
     "list_datasets",
     "list_ood",
     "list_shift",
@@ -51,6 +62,7 @@ __all__ = [
     "load_shift",
     "load_splits",
     "ood_severities",
+    "ood_twin",
     "shift_sets_for",
     "shift_severities",
     "stratified_holdout",

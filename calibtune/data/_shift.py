@@ -33,6 +33,7 @@ from ._common import NormalizedImages, Splits
 from ._ood import (
     CIFAR10C_CORRUPTIONS,
     DIGITS_NOISE_STD,
+    OOD_SETS,
     SEVERITIES,
     gaussian_noise_uint8,
     load_ood,
@@ -47,6 +48,7 @@ __all__ = [
     "get_shift",
     "list_shift",
     "load_shift",
+    "ood_twin",
     "shift_sets_for",
     "shift_severities",
 ]
@@ -129,6 +131,15 @@ def shift_severities(name: str) -> dict[str, tuple[int, ...]]:
     without a validation side."""
     sides = ("shift", "val_shift") if get_shift(name).val_side else ("shift",)
     return {side: SEVERITIES for side in sides}
+
+
+def ood_twin(name: str) -> str | None:
+    """The OOD set whose data (at its default corruption) *is* ``name``'s test side, so that one
+    inference pass serves both (``digits_noise``, ``cifar10c-gaussian_noise`` → ``cifar10c``);
+    None when the test side is a corruption the OOD set does not load by default."""
+    s = get_shift(name)
+    default = OOD_SETS.get(s.ood).defaults().get("corruption")
+    return s.ood if s.corruption is None or s.corruption == default else None
 
 
 def dataset_labels(ds: Dataset) -> Tensor:

@@ -113,21 +113,17 @@ def shift_logits(
     the OOD set's default corruption (``digits_noise/s3`` is ``shift/digits_noise/s3``).
     """
     from calibtune import data as D
-    from calibtune.data._ood import OOD_SETS
-    from calibtune.data._shift import dataset_labels, get_shift
 
     done = {o.key: o.logits for o in reuse}
     out = []
     for name in names:
-        s = get_shift(name)
-        entry = OOD_SETS.get(s.ood)
-        same = s.corruption is None or s.corruption == entry.defaults().get("corruption")
+        twin = D.ood_twin(name)
         for side, severities in D.shift_severities(name).items():
             for sev in severities:
                 ds = D.load_shift(name, side, sev, splits=splits, root=root)
-                cached = done.get(K.ood_source(s.ood, sev)) if side == "shift" and same else None
+                cached = done.get(K.ood_source(twin, sev)) if side == "shift" and twin else None
                 if cached is not None:
-                    logits, labels = cached, dataset_labels(ds)
+                    logits, labels = cached, D.dataset_labels(ds)
                 else:
                     logits, labels = infer(ds)
                 out.append(ShiftLogits(side, name, sev, logits, labels))
