@@ -332,8 +332,8 @@ def test_a_tiny_digits_trial_logs_every_shift_key_and_the_figure(tmp_path: Path)
             "storage_path": str(tmp_path),
             "data": {"name": "digits", "ood": ["digits_noise"], "shift": ["digits_noise"]},
             "model": {"name": "mlp"},
-            "train": {"epochs": 1, "batch_size": 128},
-            "eval": {"posthoc": ["ts"]},
+            "train": {"epochs": 2, "batch_size": 128},
+            "eval": {"posthoc": ["ts"], "epoch_posthoc": ["ts"], "epoch_shift": True},
             "scaling": {"num_workers": 0},
         }
     )
@@ -345,6 +345,11 @@ def test_a_tiny_digits_trial_logs_every_shift_key_and_the_figure(tmp_path: Path)
     assert got == expected
     reported = set(m).union(*map(set, res.history))
     assert reported == cfg.metric_keys()
+    # eval.epoch_shift: every epoch reports the validation side (what Tune checks per report),
+    # and the last epoch's values are the final ones (same model, same clean-validation fit)
+    val_side = K.shift_keys("val_shift", "digits_noise", range(1, 6), ["ts"])
+    assert all(val_side <= set(h) for h in res.history)
+    assert {k: res.history[-1][k] for k in val_side} == pytest.approx({k: m[k] for k in val_side})
     for side in K.SHIFT_SPLITS:
         per = [m[K.shift_key(side, "digits_noise", "ece", "ts", s)] for s in range(1, 6)]
         assert m[K.shift_key(side, "digits_noise", "ece", "ts")] == pytest.approx(np.mean(per))
@@ -376,3 +381,20 @@ def test_missing_cifar10c_files_of_a_shift_set_are_reported_before_training(
         check_data_files(cfg)
     _write_cifar10c(tmp_path, per=2)
     check_data_files(cfg)  # the files exist now
+
+
+def test_a_study_selecting_on_val_shift_turns_on_epoch_shift() -> None:
+    from calibtune.study import load_study
+    from calibtune.study._trainable import trial_dict
+    from calibtune.trial import config_from_dict
+
+    study = load_study(ROOT / "studies" / "shift_digits.yaml")
+    cfg = config_from_dict(trial_dict(study, {"loss": "cross_entropy"}, 1, "t"))
+    assert cfg.eval.epoch_shift and "ts" in cfg.eval.epoch_posthoc
+    assert "val_shift/digits_noise/ece@ts" in K.epoch_keys(
+        epoch_posthoc=cfg.eval.epoch_posthoc, epoch_shift=[("digits_noise", range(1, 6))]
+    )
+    plain = load_study(ROOT / "studies" / "quickstart.yaml")
+    assert not config_from_dict(
+        trial_dict(plain, {"loss": "cross_entropy"}, 1, "t")
+    ).eval.epoch_shift

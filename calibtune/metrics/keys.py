@@ -413,18 +413,22 @@ def epoch_keys(
     *,
     epoch_posthoc: Iterable[str] = (),
     adaptive: bool = False,
+    epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
-    (at least in the last epoch) and, for an adaptive loss, ``adaptive/*`` (epochs in which it
-    updated)."""
+    (at least in the last epoch), for an adaptive loss ``adaptive/*`` (epochs in which it
+    updated) and, for ``epoch_shift`` ``(set, severities)``, its `shift_keys` on ``val_shift``
+    uncalibrated and after ``epoch_posthoc``."""
     out = set(RUN_KEYS)
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
     if adaptive:
         out |= {key("adaptive", n) for n in ADAPTIVE_KEYS}
+    for name, severities in epoch_shift:
+        out |= shift_keys("val_shift", name, severities, epoch_posthoc)
     return frozenset(out)
 
 
@@ -480,10 +484,14 @@ def expected_keys(
     epoch_posthoc: Iterable[str] = (),
     ood: Iterable[str] = (),
     shift: Iterable[tuple[str, str, Sequence[int]]] = (),
+    epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     adaptive: bool = False,
     report: Sequence[str] = REPORT_KEYS,
 ) -> frozenset[str]:
     """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`."""
-    return epoch_keys(epoch_posthoc=epoch_posthoc, adaptive=adaptive, report=report) | final_keys(
+    epoch = epoch_keys(
+        epoch_posthoc=epoch_posthoc, adaptive=adaptive, epoch_shift=epoch_shift, report=report
+    )
+    return epoch | final_keys(
         posthoc=posthoc, posthoc_params=posthoc_params, ood=ood, shift=shift, report=report
     )

@@ -186,7 +186,8 @@ def _check_reported(objectives: Sequence[Objective], base: Any) -> None:
 
     from calibtune.posthoc import list_posthoc
 
-    cfg = base.replace(eval=dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc())))
+    every = dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True)
+    cfg = base.replace(eval=every)
     reported = cfg.metric_keys(posthoc_params=False)
     for i, o in enumerate(objectives):
         if o.metric not in reported:

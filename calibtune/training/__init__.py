@@ -20,7 +20,7 @@ from calibtune.training._loop import (
     lr_schedule,
     train_epochs,
 )
-from calibtune.training._shift import ShiftLogits, shift_logits, shift_metrics
+from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 
 __all__ = [
     "EpochCache",
@@ -32,6 +32,7 @@ __all__ = [
     "dataset_tensors",
     "epoch_index_batches",
     "epoch_metrics",
+    "epoch_val_shift",
     "evaluate_final",
     "gather_rows",
     "infer_logits",

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from calibtune.metrics import keys as K
 
-__all__ = ["UNCALIBRATED", "ShiftLogits", "shift_logits", "shift_metrics"]
+__all__ = ["UNCALIBRATED", "ShiftLogits", "epoch_val_shift", "shift_logits", "shift_metrics"]
 
 #: the method name of the uncalibrated curve in the figure data
 UNCALIBRATED = "uncalibrated"
@@ -105,12 +105,14 @@ def shift_logits(
     *,
     root: Any = None,
     reuse: Iterable[Any] = (),
+    sides: Sequence[str] = K.SHIFT_SPLITS,
 ) -> list[ShiftLogits]:
     """Logits of every side and severity of the shift sets ``names`` (`calibtune.data`).
 
     ``infer(dataset) -> (logits, labels)`` is the trial's one inference pass; ``reuse``: the
     trial's `OODLogits`, whose pass is taken instead of a second one where the test side is
-    the OOD set's default corruption (``digits_noise/s3`` is ``shift/digits_noise/s3``).
+    the OOD set's default corruption (``digits_noise/s3`` is ``shift/digits_noise/s3``);
+    ``sides``: which of `K.SHIFT_SPLITS` to evaluate.
     """
     from calibtune import data as D
 
@@ -119,7 +121,7 @@ def shift_logits(
     for name in names:
         twin = D.ood_twin(name)
         for side, severities in D.shift_severities(name).items():
-            for sev in severities:
+            for sev in severities if side in sides else ():
                 ds = D.load_shift(name, side, sev, splits=splits, root=root)
                 cached = done.get(K.ood_source(twin, sev)) if side == "shift" and twin else None
                 if cached is not None:
@@ -128,3 +130,25 @@ def shift_logits(
                     logits, labels = infer(ds)
                 out.append(ShiftLogits(side, name, sev, logits, labels))
     return out
+
+
+def epoch_val_shift(
+    names: Sequence[str],
+    splits: Any,
+    infer: Callable[[Any], tuple[Tensor, Tensor]],
+    val_logits: Tensor,
+    val_labels: Tensor,
+    posthoc: Mapping[str, Mapping[str, Any]],
+    n_bins: int = 15,
+) -> dict[str, float]:
+    """``val_shift/…`` of one epoch (``eval.epoch_shift``): the validation sides of ``names``,
+    uncalibrated and after each ``posthoc`` method fitted on this epoch's clean validation
+    logits — what a study selecting on a ``val_shift/`` key reads in every report. No test data
+    is touched."""
+    from calibtune.posthoc import build_posthoc
+
+    items = shift_logits(names, splits, infer, sides=("val_shift",))
+    fitted = {
+        n: build_posthoc(n, **dict(p)).fit(val_logits, val_labels) for n, p in posthoc.items()
+    }
+    return shift_metrics(items, fitted, n_bins)[0]

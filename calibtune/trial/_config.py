@@ -135,6 +135,9 @@ class EvalConfig:
     # post-hoc methods also fitted on validation every epoch, reporting val/<m>@<name>
     # (studies that select on e.g. val/ece@ts need it in every report)
     epoch_posthoc: tuple[str, ...] = ()
+    # the val_shift/ keys of data.shift every epoch, uncalibrated and after epoch_posthoc
+    # (studies that select on e.g. val_shift/digits_noise/ece@ts need them in every report)
+    epoch_shift: bool = False
     posthoc: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: {name: {} for name in DEFAULT_POSTHOC}
     )
@@ -324,6 +327,7 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         log_adaptive_bins=check_bool(d.get("log_adaptive_bins", False), "eval.log_adaptive_bins"),
         posthoc=posthoc,
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
+        epoch_shift=check_bool(d.get("epoch_shift", False), "eval.epoch_shift"),
     )
 
 

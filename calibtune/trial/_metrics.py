@@ -66,13 +66,15 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
         params = {
             m: _param_names(m, tuple(sorted(dict(p).items()))) for m, p in cfg.eval.posthoc.items()
         }
+    shift = [(side, n, sev) for n in shift_sets(cfg) for side, sev in D.shift_severities(n).items()]
     return K.expected_keys(
         posthoc=cfg.eval.posthoc,
         posthoc_params=params,
         epoch_posthoc=cfg.eval.epoch_posthoc,
         ood=ood_sources(cfg),
-        shift=[
-            (side, n, sev) for n in shift_sets(cfg) for side, sev in D.shift_severities(n).items()
+        shift=shift,
+        epoch_shift=[
+            (n, sev) for side, n, sev in shift if side == "val_shift" and cfg.eval.epoch_shift
         ],
         adaptive=bool(getattr(loss, "adaptive", False)),
     )
