@@ -398,3 +398,13 @@ def test_a_study_selecting_on_val_shift_turns_on_epoch_shift() -> None:
     assert not config_from_dict(
         trial_dict(plain, {"loss": "cross_entropy"}, 1, "t")
     ).eval.epoch_shift
+
+
+def test_the_parent_runs_best_key_keeps_the_shift_set_and_severity() -> None:
+    from calibtune.study._summary import best_key
+
+    assert best_key("val/ece@ts") == "study/best_val_ece@ts"
+    assert best_key("val_shift/digits_noise/ece@ts") == "study/best_val_shift_digits_noise_ece@ts"
+    assert best_key("val_shift/cifar10c-gaussian_noise/s3/nll") == (
+        "study/best_val_shift_cifar10c-gaussian_noise_s3_nll"
+    )

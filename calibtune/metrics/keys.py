@@ -47,6 +47,7 @@ __all__ = [
     "SPLITS",
     "MetricKey",
     "adaptive_summary",
+    "best_key",
     "direction",
     "element_key",
     "epoch_keys",
@@ -286,6 +287,16 @@ def shift_key(
     if split not in SHIFT_SPLITS:
         raise ValueError(f"shift_key: expected a split in {', '.join(SHIFT_SPLITS)}, got {split!r}")
     return str(MetricKey(split, name, method, severity=severity, shift=shift))
+
+
+def best_key(objective: str) -> str:
+    """The study parent run's key for the best value of ``objective``: its parts joined by
+    ``_`` under ``study/best_`` (``val/ece@ts`` -> ``study/best_val_ece@ts``,
+    ``val_shift/digits_noise/s3/nll`` -> ``study/best_val_shift_digits_noise_s3_nll``)."""
+    k = parse(objective)
+    sev = "" if k.severity is None else f"s{k.severity}"
+    where = "_".join(p for p in (k.split, k.ood, k.shift, sev, k.name) if p)
+    return key("study", f"best_{where}", k.method)
 
 
 def element_key(metric: str, index: int) -> str:
