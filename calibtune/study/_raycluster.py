@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.study._display import quiet_output
 
 __all__ = ["check_cluster", "client_token_auth", "init_ray"]
@@ -43,8 +44,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     level = logging.INFO if verbose else logging.WARNING
     if address:
         client_token_auth()
-        ray.init(address=address, log_to_driver=verbose, logging_level=level)
+        ray.init(
+            address=address,
+            log_to_driver=verbose,
+            logging_level=level,
+            runtime_env=train_runtime_env(),
+        )
         return
+    apply_train_env()  # the local Ray's processes inherit this environment
     total = num_cpus or os.cpu_count() or 1
     # The object store default (30% of RAM) is far more than trials on the embedded data need.
     ray.init(

@@ -34,6 +34,7 @@ import torch
 
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
+from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
 from calibtune.trial._placement import check_placement_on_cluster
@@ -156,7 +157,9 @@ def run(
         if not ray.is_initialized():
             # a cluster only when asked for (RAY_ADDRESS), never a stale one found on disk
             address = os.environ.get("RAY_ADDRESS") or "local"
-            ray.init(address=address, include_dashboard=False, log_to_driver=True)
+            remote = {"runtime_env": train_runtime_env()} if address != "local" else {}
+            apply_train_env()
+            ray.init(address=address, include_dashboard=False, log_to_driver=True, **remote)
         check_resources(cfg, ray.cluster_resources())
         check_placement_on_cluster(cfg.scaling)  # STRICT_* strategies need fitting nodes
         if in_tune:

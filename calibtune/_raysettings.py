@@ -1,0 +1,62 @@
+"""Ray Train settings calibtune runs with: what each one buys, and how they reach the controller.
+
+Ray Train (v2) reads these environment variables in its controller and workers; it propagates
+them from the process that calls ``TorchTrainer.fit`` (``ENV_VARS_TO_PROPAGATE``). A local Ray
+started by calibtune inherits them from the driver's environment; a client of an existing cluster
+passes them in the job's ``runtime_env``. A value the user set is always respected.
+
+- ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.05`` (Ray's default 2.0): the controller polls each
+  worker at this interval, and a worker's result queue holds one report, so a worker's next
+  ``ray.train.report`` blocks until the previous one was polled: with 2 s, every epoch shorter
+  than 2 s waits for the poll, and a finished trial waits up to 2 s for its last poll. A poll is
+  one small actor call per worker; a missed poll is not a failure (Ray marks a worker dead after
+  ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``, 10 min, of hanging, and a dead actor at once),
+  so dead-worker detection is unchanged (tests/test_faults.py, tests/test_cluster_ddp.py).
+- ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``: one actor process less per trial (it polls Ray's
+  node-drain state for spot-instance preemption; calibtune recovers a lost node through
+  ``scaling.max_failures`` and ``resume`` instead). Set it to 1 on autoscaling spot clusters.
+- ``RAY_TRAIN_METRICS_ENABLED=0``: Train's Prometheus metrics (controller and worker callbacks);
+  calibtune records its own metrics in MLflow, and no Ray dashboard runs by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+__all__ = ["TRAIN_ENV", "apply_train_env", "train_runtime_env"]
+
+# set by Ray's job manager in a submitted job's driver (ray._private.runtime_env.constants)
+_JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
+
+TRAIN_ENV: dict[str, str] = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.05",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_TRAIN_METRICS_ENABLED": "0",
+}
+
+
+def apply_train_env() -> dict[str, str]:
+    """Set `TRAIN_ENV` in this process's environment where the user has not; return the values
+    in effect. Call before ``ray.init`` so that a local Ray's workers inherit them.
+
+    >>> key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    >>> apply_train_env()[key] == os.environ[key]
+    True
+    """
+    for key, value in TRAIN_ENV.items():
+        os.environ.setdefault(key, value)
+    return {key: os.environ[key] for key in TRAIN_ENV}
+
+
+def train_runtime_env() -> dict[str, dict[str, str]]:
+    """``runtime_env`` for a client of an existing cluster (its raylets do not see this process's
+    environment): the values `apply_train_env` puts in effect, less any key a Ray Job's own
+    ``runtime_env`` already sets (Ray refuses a driver that sets the same variable again).
+
+    >>> sorted(train_runtime_env()["env_vars"]) == sorted(TRAIN_ENV)
+    True
+    """
+    job = json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}") or "{}")
+    taken = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
+    return {"env_vars": {k: v for k, v in apply_train_env().items() if k not in taken}}
