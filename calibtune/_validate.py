@@ -30,6 +30,7 @@ __all__ = [
     "ValidationError",
     "check_bool",
     "check_choice",
+    "check_choices",
     "check_finite_number",
     "check_float",
     "check_int",
@@ -163,6 +164,22 @@ def check_choice(v: Any, path: str, choices: Sequence[str]) -> str:
     if v not in choices:
         raise fail(path, "one of " + ", ".join(repr(c) for c in choices), v)
     return v
+
+
+def check_choices(v: Any, path: str, choices: Sequence[str], what: str) -> tuple[str, ...]:
+    """A list of ``what`` (e.g. "shift set names"), each one of ``choices``; the message names
+    the first wrong element's index.
+
+    >>> check_choices(["a", "c"], "data.shift", ("a", "b"), "shift set names")
+    Traceback (most recent call last):
+    ...
+    calibtune._validate.ValidationError: data.shift[1]: expected one of 'a', 'b', got 'c'
+    """
+    if isinstance(v, str) or not isinstance(v, Sequence):
+        raise fail(path, f"a list of {what}", v)
+    if v and not choices:
+        raise fail(path, f"[] (no {what})", v)
+    return tuple(check_choice(x, f"{path}[{i}]", choices) for i, x in enumerate(v))
 
 
 def check_mapping(v: Any, path: str) -> Mapping[str, Any]:

@@ -108,7 +108,7 @@ def test_only_validation_and_training_keys_are_selectable() -> None:
     assert K.is_selectable("val/ece@ts") and K.is_selectable("train/loss")
     for key in ("test/ece", "ood/svhn/auroc", "posthoc/ts/T", "lr", "val/e.ce"):
         assert not K.is_selectable(key), key
-    assert K.SELECTABLE_PREFIXES == ("val/", "train/")
+    assert K.SELECTABLE_PREFIXES == ("val/", "train/", "val_shift/")
 
 
 def _logits(n: int, k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -6,6 +6,8 @@ Grammar (every part matches ``[A-Za-z0-9][A-Za-z0-9_-]*``: no ``.``, ``@`` or ``
     <split>/<name>[@<method>]                split: train, val, test, adaptive
     adaptive/<name>/bin_<NN>                 one element of a list value (``adaptive/gammas``)
     ood/<set>[/s<severity>]/<name>[@<method>]
+    shift/<set>[/s<severity>]/<name>[@<method>]       calibration on a corrupted test set
+    val_shift/<set>[/s<severity>]/<name>[@<method>]   … on the validation split corrupted alike
     posthoc/<method>/<param>                 a fitted post-hoc parameter (posthoc/ts/T)
     study/<name>                             a study's counters on its parent run
     … any of the above + "_std"              seed standard deviation of a multi-seed study
@@ -15,13 +17,16 @@ temperature scaling); OOD names are ``<measure>[_<score>]`` (``auroc_msp``; no s
 entropy score). MLflow does not accept ``@`` in metric names, so `to_mlflow` writes it as ``.``
 (``test/ece.ts``); since no part may contain ``.``, `from_mlflow` is its exact inverse.
 
-Only ``val/`` and ``train/`` keys may select hyperparameters (`is_selectable`): selection never
-looks at test or OOD data. Whether higher is better comes from `HIGHER_IS_BETTER` (as
-torchmetrics' ``Metric.higher_is_better``), never from substrings of a name.
+Shift keys without ``/s<severity>`` are the mean over severities (`shift_key`).
+Only ``val/``, ``val_shift/`` and ``train/`` keys may select hyperparameters (`is_selectable`;
+`selection_refusal` says why not): selection never looks at test or OOD data. Whether higher
+is better comes from `HIGHER_IS_BETTER` (as torchmetrics' ``Metric.higher_is_better``), never
+from substrings of a name.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,9 +42,12 @@ __all__ = [
     "RUN_KEYS",
     "SELECTABLE_PREFIXES",
     "SELECTABLE_SPLITS",
+    "SHIFT_METRICS",
+    "SHIFT_SPLITS",
     "SPLITS",
     "MetricKey",
     "adaptive_summary",
+    "best_key",
     "direction",
     "element_key",
     "epoch_keys",
@@ -55,13 +63,19 @@ __all__ = [
     "parse",
     "parse_ood_source",
     "posthoc_key",
+    "selection_refusal",
+    "shift_key",
+    "shift_keys",
     "std_key",
     "to_mlflow",
 ]
 
-SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study")  # study: parent run
+#: calibration under dataset shift: ``shift`` corrupts the test split (reporting only),
+#: ``val_shift`` the validation split the same way (what a study may select on)
+SHIFT_SPLITS = ("shift", "val_shift")
+SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study", *SHIFT_SPLITS)
 # Selection must never look at test data: objectives are validation (or training) metrics.
-SELECTABLE_SPLITS = ("val", "train")
+SELECTABLE_SPLITS = ("val", "train", "val_shift")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
 RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time")
 TRAIN_KEYS = ("loss", "error")  # running averages over the epoch's training batches
@@ -81,6 +95,8 @@ OOD_SCORES = ("entropy", "msp")
 OOD_MEASURES = ("auroc", "aupr", "fpr95")
 #: the post-hoc variant of every OOD metric besides the uncalibrated one
 OOD_METHODS = ("", "ts")
+#: what a shift set reports per severity, before and after each post-hoc method
+SHIFT_METRICS = ("error", "ece", "adaece", "nll")
 STATS = ("std",)
 
 #: direction of every metric calibtune reports (by name; OOD names by measure)
@@ -123,13 +139,14 @@ class MetricKey:
     severity: int | None = None
     stat: str = ""  # "std": the seed standard deviation
     bin: int | None = None  # element of a list value (adaptive/gammas/bin_03)
+    shift: str = ""  # shift set (shift/ and val_shift/ keys only)
 
     def __post_init__(self) -> None:
         if self.split and self.split not in SPLITS:
             raise ValueError(
                 f"metric key: expected a split in {', '.join(SPLITS)}, got {self.split!r}"
             )
-        parts = [self.name, self.method, self.ood]
+        parts = [self.name, self.method, self.ood, self.shift]
         if any(p and (_PART.fullmatch(p) is None or p.endswith("_std")) for p in parts):
             raise ValueError(
                 f"metric key: expected parts of letters, digits, _- (no ., @, / or _std), "
@@ -139,7 +156,8 @@ class MetricKey:
             bool(self.name)
             and (self.split == "ood") == bool(self.ood)
             and (self.split == "posthoc") <= bool(self.method)
-            and (self.severity is None or (self.split == "ood" and self.severity >= 0))
+            and (self.split in SHIFT_SPLITS) == bool(self.shift)
+            and (self.severity is None or (bool(self.ood or self.shift) and self.severity >= 0))
             and not (self.split in ("", "adaptive") and self.method)
             and self.stat in ("", *STATS)
             and (self.bin is None or (self.split == "adaptive" and self.bin >= 0))
@@ -154,9 +172,9 @@ class MetricKey:
             return self.name + tail
         if self.split == "posthoc":
             return f"posthoc/{self.method}/{self.name}{tail}"
-        if self.split == "ood":
+        if self.ood or self.shift:
             sev = "" if self.severity is None else f"/s{self.severity}"
-            return f"ood/{self.ood}{sev}/{self.name}{at}{tail}"
+            return f"{self.split}/{self.ood or self.shift}{sev}/{self.name}{at}{tail}"
         element = "" if self.bin is None else f"/bin_{self.bin:02d}"
         return f"{self.split}/{self.name}{element}{at}{tail}"
 
@@ -206,17 +224,18 @@ def _parse(text: str) -> MetricKey | None:
         split = parts[0]
         if split == "posthoc" and len(parts) == 3 and not method:
             return MetricKey("posthoc", parts[2], parts[1], stat=stat)
-        if split == "ood" and len(parts) in (3, 4):
+        if split in ("ood", *SHIFT_SPLITS) and len(parts) in (3, 4):
             sev = None
             if len(parts) == 4:
                 m = _SEVERITY.fullmatch(parts[2])
                 if m is None:
                     raise ValueError(f"severity {parts[2]!r}")
                 sev = int(m.group(1))
-            return MetricKey("ood", parts[-1], method, ood=parts[1], severity=sev, stat=stat)
+            where = {"ood": parts[1]} if split == "ood" else {"shift": parts[1]}
+            return MetricKey(split, parts[-1], method, severity=sev, stat=stat, **where)
         if split == "adaptive" and len(parts) == 3 and (m := _BIN.fullmatch(parts[2])):
             return MetricKey(split, parts[1], method, stat=stat, bin=int(m.group(1)))
-        if len(parts) == 2 and split not in ("ood", "posthoc"):
+        if len(parts) == 2 and split not in ("ood", "posthoc", *SHIFT_SPLITS):
             return MetricKey(split, parts[1], method, stat=stat)
     except ValueError:
         pass
@@ -256,6 +275,30 @@ def ood_key(source: str, measure: str, score: str = OOD_SCORES[0], method: str =
     return str(MetricKey("ood", name, method, ood=ood, severity=sev))
 
 
+def shift_key(
+    split: str, shift: str, name: str, method: str = "", severity: int | None = None
+) -> str:
+    """``<split>/<set>[/s<severity>]/<name>[@<method>]`` for ``split`` in `SHIFT_SPLITS`;
+    no severity: the mean over the set's severities.
+
+    >>> shift_key("val_shift", "digits_noise", "ece", "ts", 3)
+    'val_shift/digits_noise/s3/ece@ts'
+    """
+    if split not in SHIFT_SPLITS:
+        raise ValueError(f"shift_key: expected a split in {', '.join(SHIFT_SPLITS)}, got {split!r}")
+    return str(MetricKey(split, name, method, severity=severity, shift=shift))
+
+
+def best_key(objective: str) -> str:
+    """The study parent run's key for the best value of ``objective``: its parts joined by
+    ``_`` under ``study/best_`` (``val/ece@ts`` -> ``study/best_val_ece@ts``,
+    ``val_shift/digits_noise/s3/nll`` -> ``study/best_val_shift_digits_noise_s3_nll``)."""
+    k = parse(objective)
+    sev = "" if k.severity is None else f"s{k.severity}"
+    where = "_".join(p for p in (k.split, k.ood, k.shift, sev, k.name) if p)
+    return key("study", f"best_{where}", k.method)
+
+
 def element_key(metric: str, index: int) -> str:
     """The key of element ``index`` of a list value (``adaptive/gammas`` -> ``…/bin_03``): how
     list values are logged to MLflow, which takes scalars only."""
@@ -268,7 +311,7 @@ def std_key(metric: str) -> str:
     k = parse(metric)
     if k.stat:
         raise ValueError(f"std_key: expected a metric, got the statistic {metric!r}")
-    return str(MetricKey(k.split, k.name, k.method, k.ood, k.severity, "std", k.bin))
+    return str(dataclasses.replace(k, stat="std"))
 
 
 # ----------------------------------------------------------------------------- MLflow
@@ -303,11 +346,27 @@ def from_mlflow(name: str) -> str:
 
 
 def is_selectable(metric: str) -> bool:
-    """True for keys a study may select on: ``val/`` and ``train/`` (never test or OOD data)."""
+    """True for keys a study may select on: ``val/``, ``val_shift/`` and ``train/`` (never test,
+    test-side shift or OOD data)."""
+    return selection_refusal(metric) is None
+
+
+def selection_refusal(metric: str) -> str | None:
+    """Why a study may not select on ``metric`` (one line), or None if it may.
+
+    >>> selection_refusal("shift/digits_noise/ece@ts")  # doctest: +ELLIPSIS
+    'expected a validation metric (shift/ is the corrupted test split: use val_shift/...)'
+    """
     try:
-        return parse(metric).split in SELECTABLE_SPLITS
+        k = parse(metric)
     except ValueError:
-        return False
+        return "expected a metric key such as val/ece@ts"
+    if k.split in SELECTABLE_SPLITS:
+        return None
+    if k.split == "shift":
+        alike = dataclasses.replace(k, split="val_shift")
+        return f"expected a validation metric (shift/ is the corrupted test split: use {alike})"
+    return "expected a validation metric (val/..., val_shift/...; never test or OOD data)"
 
 
 def higher_is_better(metric: str) -> bool:
@@ -315,7 +374,7 @@ def higher_is_better(metric: str) -> bool:
     direction (run-level values, fitted parameters, adaptive state, standard deviations)."""
     k = parse(metric)
     value = None
-    if k.split in ("train", "val", "test", "ood") and not k.stat:
+    if k.split in ("train", "val", "test", "ood", *SHIFT_SPLITS) and not k.stat:
         value = HIGHER_IS_BETTER.get(k.measure if k.split == "ood" else k.name)
     if value is None:
         raise ValueError(
@@ -365,19 +424,37 @@ def epoch_keys(
     *,
     epoch_posthoc: Iterable[str] = (),
     adaptive: bool = False,
+    epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
-    (at least in the last epoch) and, for an adaptive loss, ``adaptive/*`` (epochs in which it
-    updated)."""
+    (at least in the last epoch), for an adaptive loss ``adaptive/*`` (epochs in which it
+    updated) and, for ``epoch_shift`` ``(set, severities)``, its `shift_keys` on ``val_shift``
+    uncalibrated and after ``epoch_posthoc``."""
     out = set(RUN_KEYS)
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
     if adaptive:
         out |= {key("adaptive", n) for n in ADAPTIVE_KEYS}
+    for name, severities in epoch_shift:
+        out |= shift_keys("val_shift", name, severities, epoch_posthoc)
     return frozenset(out)
+
+
+def shift_keys(
+    split: str, shift: str, severities: Iterable[int], posthoc: Iterable[str] = ()
+) -> frozenset[str]:
+    """Every key of one shift set on one side: `SHIFT_METRICS` per severity and their mean over
+    severities, uncalibrated and after each ``posthoc`` method."""
+    methods = ("", *posthoc)
+    return frozenset(
+        shift_key(split, shift, m, p, sev)
+        for sev in (None, *severities)
+        for m in SHIFT_METRICS
+        for p in methods
+    )
 
 
 def final_keys(
@@ -385,12 +462,14 @@ def final_keys(
     posthoc: Iterable[str] = (),
     posthoc_params: Mapping[str, Iterable[str]] | None = None,
     ood: Iterable[str] = (),
+    shift: Iterable[tuple[str, str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
 ) -> frozenset[str]:
     """Keys of the end-of-trial evaluation (``calibtune.training.evaluate_final``).
 
     ``posthoc``: method names; ``posthoc_params``: method -> fitted parameter names (omitted:
-    no ``posthoc/`` keys); ``ood``: OOD sources (`ood_source`: ``svhn``, ``digits_noise/s3``).
+    no ``posthoc/`` keys); ``ood``: OOD sources (`ood_source`: ``svhn``, ``digits_noise/s3``);
+    ``shift``: ``(split, set, severities)`` of every shift set evaluated (`shift_keys`).
     """
     posthoc = list(posthoc)
     out = {key("test", m) for m in report}
@@ -404,6 +483,8 @@ def final_keys(
             for score in OOD_SCORES
             for method in OOD_METHODS
         }
+    for split, name, severities in shift:
+        out |= shift_keys(split, name, severities, posthoc)
     return frozenset(out)
 
 
@@ -413,10 +494,15 @@ def expected_keys(
     posthoc_params: Mapping[str, Iterable[str]] | None = None,
     epoch_posthoc: Iterable[str] = (),
     ood: Iterable[str] = (),
+    shift: Iterable[tuple[str, str, Sequence[int]]] = (),
+    epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     adaptive: bool = False,
     report: Sequence[str] = REPORT_KEYS,
 ) -> frozenset[str]:
     """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`."""
-    return epoch_keys(epoch_posthoc=epoch_posthoc, adaptive=adaptive, report=report) | final_keys(
-        posthoc=posthoc, posthoc_params=posthoc_params, ood=ood, report=report
+    epoch = epoch_keys(
+        epoch_posthoc=epoch_posthoc, adaptive=adaptive, epoch_shift=epoch_shift, report=report
+    )
+    return epoch | final_keys(
+        posthoc=posthoc, posthoc_params=posthoc_params, ood=ood, shift=shift, report=report
     )

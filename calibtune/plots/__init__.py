@@ -6,5 +6,12 @@ from calibtune.plots._figures import (
     plot_roc,
     save_trial_figures,
 )
+from calibtune.plots._shift import plot_shift
 
-__all__ = ["plot_gamma_dynamics", "plot_reliability", "plot_roc", "save_trial_figures"]
+__all__ = [
+    "plot_gamma_dynamics",
+    "plot_reliability",
+    "plot_roc",
+    "plot_shift",
+    "save_trial_figures",
+]

@@ -3,7 +3,8 @@
 Inputs are the JSON-ready structures the trial writes: reliability tables (``reliability.json``:
 method -> {count, lower, upper, conf, acc, gap}), the adaptive loss's update history
 (``gamma_history.json``: list of {gammas, edges, c_val, a_val, switched, ...}) and ROC points
-(``roc.json``: "<ood set>/<score>[@ts]" -> {fpr, tpr}).
+(``roc.json``: "<ood set>/<score>[@ts]" -> {fpr, tpr}) and metrics under dataset shift
+(``shift.json``, `calibtune.plots._shift`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
+from calibtune.plots._shift import plot_shift
 
 __all__ = [
     "plot_gamma_dynamics",
@@ -155,4 +158,6 @@ def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
         roc = json.loads((d / "roc.json").read_text())
         if roc:
             save(plot_roc(roc), "roc.png")
+    if (d / "shift.json").is_file() and (shift := json.loads((d / "shift.json").read_text())):
+        save(plot_shift(shift), "shift.png")
     return written

@@ -157,11 +157,8 @@ def _objectives(raw: Any) -> tuple[Objective, ...]:
             raise StudyError(
                 f"{where}.metric: expected a metric name such as val/ece, got {excerpt(metric)}"
             )
-        if _split(metric) not in (None, *K.SELECTABLE_SPLITS):
-            raise StudyError(
-                f"{where}.metric: expected a validation metric (val/...; selection never uses "
-                f"test or OOD data), got {excerpt(metric)}"
-            )
+        if _split(metric) is not None and (why := K.selection_refusal(metric)):
+            raise StudyError(f"{where}.metric: {why}, got {excerpt(metric)}")
         mode = item.get("mode", "min")
         if mode not in MODES:
             raise StudyError(f"{where}.mode: expected 'min' or 'max', got {excerpt(mode)}")
@@ -189,7 +186,8 @@ def _check_reported(objectives: Sequence[Objective], base: Any) -> None:
 
     from calibtune.posthoc import list_posthoc
 
-    cfg = base.replace(eval=dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc())))
+    every = dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True)
+    cfg = base.replace(eval=every)
     reported = cfg.metric_keys(posthoc_params=False)
     for i, o in enumerate(objectives):
         if o.metric not in reported:

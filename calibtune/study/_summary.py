@@ -43,8 +43,7 @@ COMPARE_METRICS = (
 def best_key(objective: str) -> str:
     """The parent run's key for the best value of ``objective``:
     ``val/ece@ts`` -> ``study/best_val_ece@ts`` (MLflow: ``study/best_val_ece.ts``)."""
-    k = K.parse(objective)
-    return K.key("study", f"best_{k.split}_{k.name}", k.method)
+    return K.best_key(objective)
 
 
 def study_params(study: StudyConfig) -> dict[str, str]:

@@ -60,10 +60,12 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
     objectives_posthoc = sorted(
         {m for o in study.search.objectives if (m := K.parse(o.metric).method)}
     )
+    ev = dict(d.get("eval") or {})
     if objectives_posthoc:
-        ev = dict(d.get("eval") or {})
         ev["epoch_posthoc"] = sorted(set(ev.get("epoch_posthoc") or []) | set(objectives_posthoc))
-        d["eval"] = ev
+    if any(K.parse(o.metric).split == "val_shift" for o in study.search.objectives):
+        ev["epoch_shift"] = True  # every report (Optuna's, ASHA's) must carry the objective
+    d["eval"] = ev
     return d
 
 

@@ -20,6 +20,7 @@ from calibtune.training._loop import (
     lr_schedule,
     train_epochs,
 )
+from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 
 __all__ = [
     "EpochCache",
@@ -27,14 +28,18 @@ __all__ = [
     "LoopSpec",
     "NonFiniteLossError",
     "OODLogits",
+    "ShiftLogits",
     "dataset_tensors",
     "epoch_index_batches",
     "epoch_metrics",
+    "epoch_val_shift",
     "evaluate_final",
     "gather_rows",
     "infer_logits",
     "iterate_batches",
     "lr_schedule",
+    "shift_logits",
+    "shift_metrics",
     "train_epochs",
     "world_info",
 ]

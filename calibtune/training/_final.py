@@ -8,7 +8,7 @@ temperature scaling. Returns flat metrics plus JSON-ready artifact data for the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from calibtune.metrics import keys as K
+from calibtune.training._shift import ShiftLogits, shift_metrics
 
 __all__ = ["FinalEvaluation", "OODLogits", "evaluate_final", "posthoc_val_metrics"]
 
@@ -37,6 +38,7 @@ class FinalEvaluation:
     posthoc_params: dict[str, dict[str, float]] = field(default_factory=dict)
     reliability: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     roc: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    shift: dict[str, Any] = field(default_factory=dict)  # figure data of `shift_metrics`
 
 
 def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]:
@@ -85,6 +87,7 @@ def evaluate_final(
     *,
     posthoc: Mapping[str, Mapping[str, Any]],
     ood: list[OODLogits] = (),  # type: ignore[assignment]
+    shift: Sequence[ShiftLogits] = (),
     n_bins: int = 15,
     roc_points: int = 201,
 ) -> FinalEvaluation:
@@ -93,7 +96,8 @@ def evaluate_final(
     Metric names: ``test/<m>`` (uncalibrated, from logits), ``test/<m>@<method>``,
     ``val/<m>@<method>`` (fitted and scored on validation: what a study may select on),
     ``posthoc/<method>/<param>``; ``ood/<key>/{auroc,aupr,fpr95}`` (entropy score),
-    ``ood/<key>/{auroc,aupr,fpr95}_msp``, each also with ``@ts`` after temperature scaling.
+    ``ood/<key>/{auroc,aupr,fpr95}_msp``, each also with ``@ts`` after temperature scaling;
+    ``[val_]shift/<set>[/s<k>]/<m>[@<method>]`` for ``shift`` (`calibtune.training._shift`).
     """
     from calibtune import metrics as M
     from calibtune.posthoc import build_posthoc
@@ -116,6 +120,9 @@ def evaluate_final(
         out.metrics.update({K.posthoc_key(name, k): v for k, v in fitted.items()})
         out.reliability[name] = _table(probs, test_labels, n_bins)
 
+    if shift:
+        shifted, out.shift = shift_metrics(shift, calibrated, n_bins)
+        out.metrics.update(shifted)
     if ood:
         _ood_metrics(out, val_logits, val_labels, test_logits, ood, calibrated, roc_points)
     return out

@@ -61,6 +61,7 @@ def write_artifacts(
         "posthoc_params.json": final.posthoc_params,
         "gamma_history.json": gamma_history,
         "roc.json": final.roc,
+        "shift.json": final.shift,
         "environment.json": {"torch_threads": torch.get_num_threads(), "torch": torch.__version__},
     }
     for name, data in files.items():

@@ -24,6 +24,7 @@ from calibtune._validate import (
     ValidationError,
     check_bool,
     check_choice,
+    check_choices,
     check_float,
     check_int,
     check_keys,
@@ -67,6 +68,7 @@ class DataConfig:
     root: str | None = None
     val_fraction: float = 0.1
     ood: tuple[str, ...] | None = None  # None: calibtune.data.default_ood(name); (): none
+    shift: tuple[str, ...] | None = None  # None: calibtune.data.default_shift(name); (): none
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,9 @@ class EvalConfig:
     # post-hoc methods also fitted on validation every epoch, reporting val/<m>@<name>
     # (studies that select on e.g. val/ece@ts need it in every report)
     epoch_posthoc: tuple[str, ...] = ()
+    # the val_shift/ keys of data.shift every epoch, uncalibrated and after epoch_posthoc
+    # (studies that select on e.g. val_shift/digits_noise/ece@ts need them in every report)
+    epoch_shift: bool = False
     posthoc: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: {name: {} for name in DEFAULT_POSTHOC}
     )
@@ -202,8 +207,11 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
             if o not in known:
                 raise fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
         ood = tuple(ood)
+    shift = d.get("shift")
+    if shift is not None:  # a set corrupts one dataset's splits: only its sets are choices
+        shift = check_choices(shift, "data.shift", _d.shift_sets_for(name), f"{name} shift sets")
     vf = check_float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
-    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood)
+    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood, shift=shift)
 
 
 def _model(d: Mapping[str, Any]) -> ModelConfig:
@@ -319,6 +327,7 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         log_adaptive_bins=check_bool(d.get("log_adaptive_bins", False), "eval.log_adaptive_bins"),
         posthoc=posthoc,
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
+        epoch_shift=check_bool(d.get("epoch_shift", False), "eval.epoch_shift"),
     )
 
 

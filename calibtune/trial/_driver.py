@@ -371,10 +371,11 @@ def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
 
 
 def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
-    """Load every configured OOD set (and, with ``splits``, the dataset) so that missing files
-    raise `DatasetNotFoundError` before any training starts rather than after it; with
-    ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
+    """Load every configured OOD and shift set (and, with ``splits``, the dataset) so that
+    missing files raise `DatasetNotFoundError` before any training starts rather than after it;
+    with ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
     from calibtune import data as D
+    from calibtune.trial._metrics import shift_sets
 
     if splits:
         loaded = D.load_splits(
@@ -389,3 +390,5 @@ def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     for name in names:
         D.load_ood(name, root=cfg.data.root, in_distribution=cfg.data.name)
+    for name in shift_sets(cfg):  # the test sides' files (validation sides need no files)
+        D.load_shift(name, "shift", 5, root=cfg.data.root)

@@ -1,6 +1,7 @@
 """The metric keys a trial config will report: `calibtune.metrics.keys.expected_keys` filled in
-from the config (its post-hoc methods, OOD sets and severities from `calibtune.data`, whether
-its loss is adaptive). Lives in the trial layer because the core must not know `TrialConfig`.
+from the config (its post-hoc methods, OOD and shift sets and severities from `calibtune.data`,
+whether its loss is adaptive). Lives in the trial layer because the core must not know
+`TrialConfig`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from calibtune.metrics import keys as K
 if TYPE_CHECKING:
     from calibtune.trial._config import TrialConfig
 
-__all__ = ["metric_keys"]
+__all__ = ["metric_keys", "shift_sets"]
 
 
 @lru_cache(maxsize=64)
@@ -47,19 +48,33 @@ def ood_sources(cfg: TrialConfig) -> list[str]:
     return [K.ood_source(n, s) for n in names for s in (D.ood_severities(n) or (None,))]
 
 
+def shift_sets(cfg: TrialConfig) -> list[str]:
+    """The shift sets the trial evaluates (``data.shift``, else the dataset's defaults)."""
+    from calibtune import data as D
+
+    return list(D.default_shift(cfg.data.name) if cfg.data.shift is None else cfg.data.shift)
+
+
 def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[str]:
     """Every metric key a trial run with ``cfg`` reports (its epoch reports and its final
     metrics); ``posthoc_params=False`` leaves out ``posthoc/<method>/<param>`` (no fitting)."""
+    from calibtune import data as D
+
     loss = cfg.loss.build()
     params: Mapping[str, tuple[str, ...]] | None = None
     if posthoc_params:
         params = {
             m: _param_names(m, tuple(sorted(dict(p).items()))) for m, p in cfg.eval.posthoc.items()
         }
+    shift = [(side, n, sev) for n in shift_sets(cfg) for side, sev in D.shift_severities(n).items()]
     return K.expected_keys(
         posthoc=cfg.eval.posthoc,
         posthoc_params=params,
         epoch_posthoc=cfg.eval.epoch_posthoc,
         ood=ood_sources(cfg),
+        shift=shift,
+        epoch_shift=[
+            (n, sev) for side, n, sev in shift if side == "val_shift" and cfg.eval.epoch_shift
+        ],
         adaptive=bool(getattr(loss, "adaptive", False)),
     )

@@ -199,6 +199,8 @@ class EpochReporter:
 
     def __call__(self, epoch: int, metrics: dict[str, Any], cache: Any) -> None:
         t = self.t
+        if t.cfg.eval.epoch_shift and t.rank == 0:
+            metrics.update(_epoch_shift(t, cache))
         t.history.append(metrics)
         failpoint("epoch_end", epoch)
         ckpt = self._checkpoint(epoch)
@@ -234,6 +236,23 @@ class EpochReporter:
         tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
         save_state(tmp, epoch=epoch, history=t.history, rngs=rngs, **state)
         return Checkpoint.from_directory(tmp)
+
+
+def _epoch_shift(t: _Trial, cache: Any) -> dict[str, float]:
+    """``val_shift/…`` of this epoch (`calibtune.training.epoch_val_shift`)."""
+    from calibtune.training import epoch_val_shift, infer_logits
+    from calibtune.trial._metrics import shift_sets
+
+    ev = t.cfg.eval
+    return epoch_val_shift(
+        shift_sets(t.cfg),
+        t.splits,
+        lambda ds: infer_logits(t.net, ds, batch_size=ev.batch_size, device=t.device),
+        cache.val_logits,
+        cache.val_labels,
+        {n: ev.posthoc.get(n, {}) for n in ev.epoch_posthoc},
+        ev.n_bins,
+    )
 
 
 def _loop_spec(t: _Trial) -> Any:
@@ -275,7 +294,8 @@ def _loop_spec(t: _Trial) -> Any:
 
 def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
     """Rank 0: post-hoc fits and test/OOD scores on cached logits, artifacts, callbacks."""
-    from calibtune.training import evaluate_final, infer_logits
+    from calibtune.training import evaluate_final, infer_logits, shift_logits
+    from calibtune.trial._metrics import shift_sets
 
     cfg = t.cfg
 
@@ -292,13 +312,16 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
             cache.test_labels,
         )
     failpoint("final_eval")
+    ood = _ood_logits(cfg, infer)
+    shift = shift_logits(shift_sets(cfg), t.splits, infer, root=cfg.data.root, reuse=ood)
     final = evaluate_final(
         val,
         val_y,
         test,
         test_y,
         posthoc=cfg.eval.posthoc,
-        ood=_ood_logits(cfg, infer),
+        ood=ood,
+        shift=shift,
         n_bins=cfg.eval.n_bins,
     )
     art = t.trial_dir / "artifacts"
