@@ -76,7 +76,10 @@ def _one(storage: str, name: str, workers: int, epochs: int) -> dict[str, float]
     res = run(_cfg(storage, name, workers, epochs), callbacks=[EpochClock(clock)])
     wall = time.perf_counter() - t0
     ends = [float(x) for x in Path(clock).read_text().split()]
-    gaps = [b - a - h["epoch_time"] for a, b, h in zip(ends[:-1], ends[1:], res.history[1:], strict=True)]
+    gaps = [
+        b - a - h["epoch_time"]
+        for a, b, h in zip(ends[:-1], ends[1:], res.history[1:], strict=True)
+    ]
     return {"wall": wall, "gap_ms": 1000 * statistics.median(gaps) if gaps else float("nan")}
 
 
