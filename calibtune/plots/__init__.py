@@ -6,5 +6,12 @@ from calibtune.plots._figures import (
     plot_roc,
     save_trial_figures,
 )
+from calibtune.plots._selective import plot_risk_coverage
 
-__all__ = ["plot_gamma_dynamics", "plot_reliability", "plot_roc", "save_trial_figures"]
+__all__ = [
+    "plot_gamma_dynamics",
+    "plot_reliability",
+    "plot_risk_coverage",
+    "plot_roc",
+    "save_trial_figures",
+]

@@ -62,4 +62,5 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
         epoch_posthoc=cfg.eval.epoch_posthoc,
         ood=ood_sources(cfg),
         adaptive=bool(getattr(loss, "adaptive", False)),
+        bootstrap=cfg.eval.bootstrap > 0,
     )

@@ -300,6 +300,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         posthoc=cfg.eval.posthoc,
         ood=_ood_logits(cfg, infer),
         n_bins=cfg.eval.n_bins,
+        bootstrap=cfg.eval.bootstrap,
     )
     art = t.trial_dir / "artifacts"
     write_artifacts(
