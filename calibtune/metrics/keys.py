@@ -152,9 +152,8 @@ class MetricKey:
         tails = tuple(f"_{s}" for s in STATS)
         if any(p and (_PART.fullmatch(p) is None or p.endswith(tails)) for p in parts):
             raise ValueError(
-                f"metric key: expected parts of letters, digits, _- (no ., @, / or _std, _ci_low or "
-                f"_ci_high ending), "
-                f"got {parts}"
+                "metric key: expected parts of letters, digits, _- (no ., @, / or _std, "
+                f"_ci_low or _ci_high ending), got {parts}"
             )
         ok = (
             bool(self.name)
