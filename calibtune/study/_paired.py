@@ -142,7 +142,8 @@ def paired_table(
     best = _best_runs(ref)
     if baseline not in best:
         raise ValueError(
-            f"--baseline: expected one of the study's losses ({', '.join(best)}), got {baseline!r}"
+            f"--baseline: expected one of the study's losses ({', '.join(sorted(best))}), "
+            f"got {baseline!r}"
         )
     base = _seed_predictions(ref, best[baseline])
     n = len(next(iter(next(iter(base.values())).values())))
