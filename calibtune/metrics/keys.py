@@ -411,12 +411,14 @@ def epoch_keys(
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
-    (at least in the last epoch) and, for an adaptive loss, ``adaptive/*`` (epochs in which it
-    updated)."""
+    (at least in the last epoch), ``val/{aurc,augrc,refinement_nll}[@<method>]`` (selectable) and,
+    for an adaptive loss, ``adaptive/*`` (epochs in which it updated)."""
     out = set(RUN_KEYS)
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
+    # selectable, so in every report (Optuna and ASHA read them)
+    out |= {key("val", m, p) for m in FINAL_ONLY_KEYS for p in ("", *epoch_posthoc)}
     if adaptive:
         out |= {key("adaptive", n) for n in ADAPTIVE_KEYS}
     return frozenset(out)

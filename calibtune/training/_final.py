@@ -71,11 +71,14 @@ def posthoc_val_metrics(
     them — the selection criterion of the seeds (e.g. T chosen by validation ECE). Test data is
     never touched, so studies may optimise these."""
     from calibtune.posthoc import build_posthoc
+    from calibtune.training._uncertainty import selective_metrics
 
     out: dict[str, float] = {}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
-        out.update(_report(_probs(method, val_logits), val_labels, n_bins, name, "val"))
+        probs = _probs(method, val_logits)
+        out.update(_report(probs, val_labels, n_bins, name, "val"))
+        out.update(selective_metrics(probs, val_labels, "val", name))  # objectives too
     return out
 
 

@@ -17,7 +17,13 @@ from torch import Tensor
 
 from calibtune.metrics import keys as K
 
-__all__ = ["BOOTSTRAP_SEED", "Uncertainty", "prediction_name", "uncertainty_metrics"]
+__all__ = [
+    "BOOTSTRAP_SEED",
+    "Uncertainty",
+    "prediction_name",
+    "selective_metrics",
+    "uncertainty_metrics",
+]
 
 #: resample indices are drawn with this seed in every trial: trials on the same test set resample
 #: the same samples, so their CIs are comparable (and pairable)
@@ -43,6 +49,17 @@ def _thin_curve(curve: Mapping[str, Tensor]) -> dict[str, list[float]]:
     return {k: v[idx].tolist() for k, v in curve.items()}
 
 
+def selective_metrics(probs: Tensor, labels: Tensor, split: str, method: str = "") -> dict:
+    """``<split>/{aurc,augrc,refinement_nll}[@<method>]`` of probs (N, K) (`K.FINAL_ONLY_KEYS`;
+    the refinement NLL refits TS on log p, which equals TS on the logits)."""
+    from calibtune import metrics as M
+
+    out = M.selective_report(probs, labels, validate_args=False)
+    log_p = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
+    out["refinement_nll"] = M.refinement_nll(log_p, labels, validate_args=False)
+    return {K.key(split, m, method): v for m, v in out.items()}
+
+
 def uncertainty_metrics(
     scored: Mapping[tuple[str, str], Tensor],
     labels: Mapping[str, Tensor],
@@ -63,10 +80,7 @@ def uncertainty_metrics(
         idx = M.bootstrap_indices(n, bootstrap, BOOTSTRAP_SEED)
     for (split, method), probs in scored.items():
         y = labels[split]
-        sel = M.selective_report(probs, y, validate_args=False)
-        log_p = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
-        sel["refinement_nll"] = M.refinement_nll(log_p, y, validate_args=False)
-        out.metrics.update({K.key(split, m, method): v for m, v in sel.items()})
+        out.metrics.update(selective_metrics(probs, y, split, method))
         if split != "test":
             continue
         curve = M.risk_coverage(probs, y, validate_args=False)
