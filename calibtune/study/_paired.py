@@ -145,6 +145,10 @@ def paired_table(
             f"--baseline: expected one of the study's losses ({', '.join(sorted(best))}), "
             f"got {baseline!r}"
         )
+    if len(best) < 2:
+        raise ValueError(
+            f"--baseline: expected a study with a loss besides {baseline!r}, got only that one"
+        )
     base = _seed_predictions(ref, best[baseline])
     n = len(next(iter(next(iter(base.values())).values())))
     indices = bootstrap_indices(n, n_resamples, seed=0)
