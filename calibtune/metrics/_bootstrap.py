@@ -17,7 +17,8 @@ samples, computed for all B at once:
 * smECE (the authors' `relplot`, a kernel fixed point) is the exception: one call per resample.
 
 Values agree with `calibration_report` of ``probs[idx_b]`` up to floating-point summation order
-(tested). Memory: about ten (B, N) float64/int64 arrays (≈ 0.8 GB at B = 1000, N = 10⁴). CIs are percentile intervals (Efron & Tibshirani 1993, ch. 13): the (1 − level)/2 and
+(tested). Memory: about ten (B, N) float64/int64 arrays (≈ 0.8 GB at B = 1000, N = 10⁴).
+CIs are percentile intervals (Efron & Tibshirani 1993, ch. 13): the (1 − level)/2 and
 (1 + level)/2 quantiles of the B values (linear interpolation, numpy's default).
 """
 
