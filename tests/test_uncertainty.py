@@ -229,3 +229,26 @@ def test_trial_reports_cis_selective_metrics_and_saves_predictions(tmp_path: Pat
         ValueError, match=r"eval.bootstrap: expected an integer in \[0, 100000\], got -1"
     ):
         config_from_dict({"eval": {"bootstrap": -1}})
+
+
+def test_studies_may_select_on_refinement_and_aurc_but_not_on_a_ci_bound(tmp_path: Path) -> None:
+    import yaml
+
+    from calibtune.study import load_study
+
+    def study(metric: str) -> Path:
+        raw = {
+            "name": "sel",
+            "trial": {"data": {"name": "digits"}, "eval": {"posthoc": ["ts"]}},
+            "losses": ["cross_entropy"],
+            "search": {"num_samples": 1, "objectives": [{"metric": metric, "mode": "min"}]},
+            "storage": str(tmp_path / "studies"),
+        }
+        path = tmp_path / "sel.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return path
+
+    for metric in ("val/refinement_nll", "val/aurc@ts", "val/augrc"):
+        assert load_study(study(metric)).search.objectives[0].metric == metric
+    with pytest.raises(ValueError, match=r"expected a metric the trials report .*val/ece_ci_low"):
+        load_study(study("val/ece_ci_low"))
