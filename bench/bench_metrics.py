@@ -87,5 +87,83 @@ def main() -> None:
         print(f"  {key:14s} {ours[key] - val:+.2e}")
 
 
+def bootstrap_case(rounds: int = 3, n_resamples: int = 1000, loop_resamples: int = 10) -> None:
+    """Bootstrap CIs (issue 14) on the same 10k x 100 problem, cases alternated in each round:
+    the vectorised `bootstrap_values` of every report metric but smECE over ``n_resamples``
+    resamples, a plain loop of the report's own metric functions (smECE left out) over
+    ``loop_resamples`` of the same resamples, and smECE alone per resample (relplot). Prints the
+    median per case, the loop's per-resample cost extrapolated to ``n_resamples`` and the ratio.
+    Run: ``python bench/bench_metrics.py bootstrap``."""
+    import os
+
+    from calibtune.metrics import bootstrap_indices, bootstrap_values
+    from calibtune.metrics.keys import BOOTSTRAP_KEYS
+
+    torch.set_num_threads(2)
+    g = torch.Generator().manual_seed(0)
+    n, k = 10_000, 100
+    logits = torch.randn(n, k, generator=g) * 3
+    labels = torch.multinomial(torch.softmax(logits, 1), 1, generator=g).squeeze(1)
+    idx = bootstrap_indices(n, n_resamples, seed=0)
+
+    def vectorised() -> object:
+        return bootstrap_values(logits=logits, labels=labels, indices=idx, metrics=BOOTSTRAP_KEYS)
+
+    def loop() -> object:
+        from calibtune.metrics import _calibration as C  # the report's own metric functions
+
+        funcs = {
+            "ece": C._ece,
+            "adaece": C._adaece,
+            "classwise_ece": C._classwise_ece,
+            "mce": C._mce,
+            "ece_debiased": C._ece_debiased,
+        }
+        out = []
+        for b in range(loop_resamples):
+            z, y = logits[idx[b]], labels[idx[b]]
+            log_p = torch.log_softmax(z.double(), 1)
+            prep = C._Prepared(log_p.exp(), y)
+            r = {m: f(prep, 15) for m, f in funcs.items()}
+            r["nll"] = float(-log_p.gather(1, y[:, None]).mean())
+            r.update(brier=C._brier(prep), error=float(1 - prep.correct64.mean()))
+            r["ece_sweep"] = C._ece_sweep(prep)
+            out.append(r)
+        return out
+
+    def smece() -> object:
+        return bootstrap_values(logits=logits, labels=labels, indices=idx[:3], metrics=["smece"])
+
+    times: dict[str, list[float]] = {"vectorised": [], "loop": [], "smece": []}
+    print(f"load average before: {os.getloadavg()}")
+    for _ in range(rounds):
+        for name, fn in (("vectorised", vectorised), ("loop", loop), ("smece", smece)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    print(f"load average after:  {os.getloadavg()}")
+    vec = statistics.median(times["vectorised"])
+    per_loop = statistics.median(times["loop"]) / loop_resamples
+    per_smece = statistics.median(times["smece"]) / 3
+    print(
+        f"vectorised bootstrap, {n_resamples} resamples x {len(BOOTSTRAP_KEYS)} metrics: "
+        f"{vec:.2f} s"
+    )
+    print(f"plain loop (report functions, no smECE): {per_loop * 1e3:.1f} ms/resample")
+    print(
+        f"  -> {per_loop * n_resamples:.1f} s for {n_resamples}; ratio loop/vectorised "
+        f"{per_loop * n_resamples / vec:.1f}x"
+    )
+    print(
+        f"smECE alone (relplot): {per_smece * 1e3:.1f} ms/resample "
+        f"-> {per_smece * n_resamples:.1f} s for {n_resamples}"
+    )
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:] == ["bootstrap"]:
+        bootstrap_case()
+    else:
+        main()

@@ -166,6 +166,11 @@ def test_compare_report_export_and_retrain_reproduces(finished, tmp_path, capsys
     assert main(["report", str(path)]) == 0
     report = capsys.readouterr().out
     assert "| loss |" in report and "ECE (TS)" in report
+    # one seed: the trial runs themselves hold test_predictions.npz
+    assert main(["report", str(path), "--baseline", "cross_entropy", "--format", "csv"]) == 0
+    paired = capsys.readouterr().out.splitlines()
+    assert paired[0] == "loss,method,metric,diff,ci_low,ci_high,seeds,resolved"
+    assert len(paired) == 1 + 6 and all(",1," in r for r in paired[1:])  # focal × {none, ts} × 3
     assert main(["export", str(path), "--top", "1", "--out", str(tmp_path)]) == 0
     exported = Path(capsys.readouterr().out.strip())
     from calibtune._provenance import installed_versions, read_provenance

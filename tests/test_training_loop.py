@@ -198,7 +198,11 @@ def test_epoch_metrics_prefixes_every_scalar() -> None:
     report = calibration_report(logits=logits, labels=ds.tensors[1], n_bins=10)
     scalars = {k for k, v in report.items() if isinstance(v, int | float)}
     scalars |= {k for k, v in report.items() if isinstance(v, torch.Tensor) and v.numel() == 1}
-    assert set(m) == {f"val/{k}" for k in scalars}
+    from calibtune.metrics.keys import FINAL_ONLY_KEYS
+
+    # validation also carries AURC/AUGRC/refinement NLL (selectable objectives)
+    assert set(m) == {f"val/{k}" for k in (*scalars, *FINAL_ONLY_KEYS)}
+    assert m["val/refinement_nll"] <= m["val/nll"] + 1e-12
     assert all(m[f"val/{k}"] == pytest.approx(float(report[k]), abs=0) for k in scalars)
     assert {"val/ece", "val/nll", "val/error"} <= set(m)
     assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())

@@ -11,6 +11,7 @@ Grammar (every part matches ``[A-Za-z0-9][A-Za-z0-9_-]*``: no ``.``, ``@`` or ``
     posthoc/<method>/<param>                 a fitted post-hoc parameter (posthoc/ts/T)
     study/<name>                             a study's counters on its parent run
     … any of the above + "_std"              seed standard deviation of a multi-seed study
+    … any of the above + "_ci_low"/"_ci_high" bootstrap confidence interval (test samples)
 
 ``<method>`` is a post-hoc method fitted on validation (``test/ece@ts``: ECE on test after
 temperature scaling); OOD names are ``<measure>[_<score>]`` (``auroc_msp``; no suffix: the
@@ -19,9 +20,10 @@ entropy score). MLflow does not accept ``@`` in metric names, so `to_mlflow` wri
 
 Shift keys without ``/s<severity>`` are the mean over severities (`shift_key`).
 Only ``val/``, ``val_shift/`` and ``train/`` keys may select hyperparameters (`is_selectable`;
-`selection_refusal` says why not): selection never looks at test or OOD data. Whether higher
-is better comes from `HIGHER_IS_BETTER` (as torchmetrics' ``Metric.higher_is_better``), never
-from substrings of a name.
+`selection_refusal` says why not): selection never looks at test or OOD data, nor at a
+confidence-interval bound. Whether higher is better comes from `HIGHER_IS_BETTER` (as
+torchmetrics' ``Metric.higher_is_better``), never from substrings of a name; a CI bound has its
+metric's direction.
 """
 
 from __future__ import annotations
@@ -32,10 +34,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ._calibration import REPORT_KEYS
+from ._selective import SELECTIVE_KEYS
 
 __all__ = [
     "ADAPTIVE_LISTS",
     "ADAPTIVE_SUMMARY",
+    "BOOTSTRAP_KEYS",
+    "CI_STATS",
+    "FINAL_ONLY_KEYS",
     "HIGHER_IS_BETTER",
     "OOD_MEASURES",
     "OOD_SCORES",
@@ -48,6 +54,7 @@ __all__ = [
     "MetricKey",
     "adaptive_summary",
     "best_key",
+    "ci_keys",
     "direction",
     "element_key",
     "epoch_keys",
@@ -57,6 +64,7 @@ __all__ = [
     "higher_is_better",
     "is_adaptive_list",
     "is_selectable",
+    "is_statistic",
     "key",
     "ood_key",
     "ood_source",
@@ -97,7 +105,15 @@ OOD_MEASURES = ("auroc", "aupr", "fpr95")
 OOD_METHODS = ("", "ts")
 #: what a shift set reports per severity, before and after each post-hoc method
 SHIFT_METRICS = ("error", "ece", "adaece", "nll")
-STATS = ("std",)
+#: bounds of a bootstrap confidence interval (`calibtune.metrics.bootstrap_report`)
+CI_STATS = ("ci_low", "ci_high")
+STATS = ("std", *CI_STATS)
+#: what the end-of-trial evaluation reports besides `REPORT_KEYS`, for val and test, before and
+#: after every post-hoc method: AURC/AUGRC and the NLL after NLL-optimal TS (refinement)
+FINAL_ONLY_KEYS = (*SELECTIVE_KEYS, "refinement_nll")
+#: metrics a trial bootstraps (``eval.bootstrap``): every report metric but smECE, whose kernel
+#: fixed point costs one `relplot` call per resample (`calibtune.metrics.bootstrap_values`)
+BOOTSTRAP_KEYS = tuple(m for m in REPORT_KEYS if m != "smece")
 
 #: direction of every metric calibtune reports (by name; OOD names by measure)
 HIGHER_IS_BETTER: Mapping[str, bool] = {
@@ -112,6 +128,9 @@ HIGHER_IS_BETTER: Mapping[str, bool] = {
     "ece_debiased": False,
     "ece_sweep": False,
     "loss": False,
+    "aurc": False,
+    "augrc": False,
+    "refinement_nll": False,
     "fpr95": False,
     "auroc": True,
     "aupr": True,
@@ -147,10 +166,11 @@ class MetricKey:
                 f"metric key: expected a split in {', '.join(SPLITS)}, got {self.split!r}"
             )
         parts = [self.name, self.method, self.ood, self.shift]
-        if any(p and (_PART.fullmatch(p) is None or p.endswith("_std")) for p in parts):
+        tails = tuple(f"_{s}" for s in STATS)
+        if any(p and (_PART.fullmatch(p) is None or p.endswith(tails)) for p in parts):
             raise ValueError(
-                f"metric key: expected parts of letters, digits, _- (no ., @, / or _std), "
-                f"got {parts}"
+                "metric key: expected parts of letters, digits, _- (no ., @, / or _std, "
+                f"_ci_low or _ci_high ending), got {parts}"
             )
         ok = (
             bool(self.name)
@@ -214,6 +234,7 @@ def _parse(text: str) -> MetricKey | None:
     for s in STATS:
         if body.endswith(f"_{s}"):
             body, stat = body[: -len(s) - 1], s
+            break
     head, at, method = body.partition("@")
     parts = head.split("/")
     try:
@@ -306,6 +327,24 @@ def element_key(metric: str, index: int) -> str:
     return str(MetricKey(k.split, k.name, k.method, stat=k.stat, bin=index))
 
 
+def ci_keys(metric: str) -> tuple[str, str]:
+    """Keys of ``metric``'s bootstrap CI bounds (``test/ece@ts`` -> ``test/ece@ts_ci_low``,
+    ``test/ece@ts_ci_high``)."""
+    k = parse(metric)
+    if k.stat:
+        raise ValueError(f"ci_keys: expected a metric, got the statistic {metric!r}")
+    low, high = (MetricKey(k.split, k.name, k.method, k.ood, k.severity, s) for s in CI_STATS)
+    return str(low), str(high)
+
+
+def is_statistic(metric: str) -> bool:
+    """True for a seed standard deviation or a CI bound (``…_std``, ``…_ci_low/high``)."""
+    try:
+        return bool(parse(metric).stat)
+    except ValueError:
+        return False
+
+
 def std_key(metric: str) -> str:
     """The key of ``metric``'s seed standard deviation (``val/ece@ts`` -> ``val/ece@ts_std``)."""
     k = parse(metric)
@@ -347,7 +386,8 @@ def from_mlflow(name: str) -> str:
 
 def is_selectable(metric: str) -> bool:
     """True for keys a study may select on: ``val/``, ``val_shift/`` and ``train/`` (never test,
-    test-side shift or OOD data)."""
+    test-side shift or OOD data), and never a bootstrap CI bound (a statement about sampling
+    noise, not a model's quality)."""
     return selection_refusal(metric) is None
 
 
@@ -361,6 +401,8 @@ def selection_refusal(metric: str) -> str | None:
         k = parse(metric)
     except ValueError:
         return "expected a metric key such as val/ece@ts"
+    if k.stat in CI_STATS:
+        return "expected a metric, not a bootstrap CI bound (_ci_low/_ci_high)"
     if k.split in SELECTABLE_SPLITS:
         return None
     if k.split == "shift":
@@ -371,10 +413,11 @@ def selection_refusal(metric: str) -> str | None:
 
 def higher_is_better(metric: str) -> bool:
     """Whether larger values of ``metric`` are better; ``ValueError`` for keys with no
-    direction (run-level values, fitted parameters, adaptive state, standard deviations)."""
+    direction (run-level values, fitted parameters, adaptive state, standard deviations). A CI
+    bound has its metric's direction."""
     k = parse(metric)
     value = None
-    if k.split in ("train", "val", "test", "ood", *SHIFT_SPLITS) and not k.stat:
+    if k.split in ("train", "val", "test", "ood", *SHIFT_SPLITS) and k.stat in ("", *CI_STATS):
         value = HIGHER_IS_BETTER.get(k.measure if k.split == "ood" else k.name)
     if value is None:
         raise ValueError(
@@ -429,13 +472,16 @@ def epoch_keys(
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
-    (at least in the last epoch), for an adaptive loss ``adaptive/*`` (epochs in which it
-    updated) and, for ``epoch_shift`` ``(set, severities)``, its `shift_keys` on ``val_shift``
-    uncalibrated and after ``epoch_posthoc``."""
+    (at least in the last epoch), ``val/{aurc,augrc,refinement_nll}[@<method>]`` (selectable),
+    for an adaptive loss ``adaptive/*`` (epochs in which it updated) and, for ``epoch_shift``
+    ``(set, severities)``, its `shift_keys` on ``val_shift`` uncalibrated and after
+    ``epoch_posthoc``."""
     out = set(RUN_KEYS)
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
+    # selectable, so in every report (Optuna and ASHA read them)
+    out |= {key("val", m, p) for m in FINAL_ONLY_KEYS for p in ("", *epoch_posthoc)}
     if adaptive:
         out |= {key("adaptive", n) for n in ADAPTIVE_KEYS}
     for name, severities in epoch_shift:
@@ -464,16 +510,22 @@ def final_keys(
     ood: Iterable[str] = (),
     shift: Iterable[tuple[str, str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
+    bootstrap: bool = False,
 ) -> frozenset[str]:
     """Keys of the end-of-trial evaluation (``calibtune.training.evaluate_final``).
 
     ``posthoc``: method names; ``posthoc_params``: method -> fitted parameter names (omitted:
     no ``posthoc/`` keys); ``ood``: OOD sources (`ood_source`: ``svhn``, ``digits_noise/s3``);
-    ``shift``: ``(split, set, severities)`` of every shift set evaluated (`shift_keys`).
+    ``shift``: ``(split, set, severities)`` of every shift set evaluated (`shift_keys`);
+    ``bootstrap``: CI bounds of the test `BOOTSTRAP_KEYS` before and after every method.
     """
     posthoc = list(posthoc)
     out = {key("test", m) for m in report}
     out |= {key(s, m, p) for s in ("val", "test") for m in report for p in posthoc}
+    out |= {key(s, m, p) for s in ("val", "test") for m in FINAL_ONLY_KEYS for p in ("", *posthoc)}
+    if bootstrap:
+        for p in ("", *posthoc):
+            out |= {c for m in BOOTSTRAP_KEYS if m in report for c in ci_keys(key("test", m, p))}
     for method, names in (posthoc_params or {}).items():
         out |= {posthoc_key(method, n) for n in names}
     for source in ood:
@@ -498,11 +550,17 @@ def expected_keys(
     epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     adaptive: bool = False,
     report: Sequence[str] = REPORT_KEYS,
+    bootstrap: bool = False,
 ) -> frozenset[str]:
     """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`."""
     epoch = epoch_keys(
         epoch_posthoc=epoch_posthoc, adaptive=adaptive, epoch_shift=epoch_shift, report=report
     )
     return epoch | final_keys(
-        posthoc=posthoc, posthoc_params=posthoc_params, ood=ood, shift=shift, report=report
+        posthoc=posthoc,
+        posthoc_params=posthoc_params,
+        ood=ood,
+        shift=shift,
+        report=report,
+        bootstrap=bootstrap,
     )

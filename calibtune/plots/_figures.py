@@ -160,4 +160,10 @@ def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
             save(plot_roc(roc), "roc.png")
     if (d / "shift.json").is_file() and (shift := json.loads((d / "shift.json").read_text())):
         save(plot_shift(shift), "shift.png")
+    if (d / "risk_coverage.json").is_file() and (
+        rc := json.loads(d.joinpath("risk_coverage.json").read_text())
+    ):
+        from calibtune.plots._selective import plot_risk_coverage
+
+        save(plot_risk_coverage(rc), "risk_coverage.png")
     return written

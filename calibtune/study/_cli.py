@@ -254,6 +254,11 @@ def _add_report(sub: Any) -> None:
     p.add_argument("study", metavar="STUDY")
     p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
     p.add_argument("--out", metavar="FILE", help="also write the table to FILE")
+    p.add_argument(
+        "--baseline",
+        metavar="LOSS",
+        help="instead: each loss vs this one (ECE, AdaECE, error differences, paired bootstrap)",
+    )
     _storage(p)
     _common_tracking(p)
     p.set_defaults(func=_cmd_report)
@@ -266,7 +271,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
     with usage():
         out = check_out_file(args.out, "--out") if args.out else None
         ref = _finished_study(args)
-        table = report_table(ref)
+        if args.baseline is not None:
+            from calibtune.study._paired import paired_table
+
+            table = paired_table(ref, args.baseline)
+        else:
+            table = report_table(ref)
         if table.empty:  # finished trials, but none reported the objective
             raise ValueError(
                 f"study {ref.name}: expected a finished trial that reported "

@@ -96,7 +96,7 @@ def aggregate(per_seed: list[Mapping[str, float]]) -> dict[str, float]:
             continue
         mean = sum(vals) / len(vals)
         out[k] = mean
-        if len(per_seed) > 1:
+        if len(per_seed) > 1 and not K.is_statistic(k):  # no std of a CI bound
             out[K.std_key(k)] = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
     return out
 

@@ -39,6 +39,8 @@ class FinalEvaluation:
     reliability: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     roc: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     shift: dict[str, Any] = field(default_factory=dict)  # figure data of `shift_metrics`
+    risk_coverage: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    predictions: dict[str, np.ndarray] = field(default_factory=dict)  # test conf/correct
 
 
 def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]:
@@ -71,11 +73,14 @@ def posthoc_val_metrics(
     them — the selection criterion of the seeds (e.g. T chosen by validation ECE). Test data is
     never touched, so studies may optimise these."""
     from calibtune.posthoc import build_posthoc
+    from calibtune.training._uncertainty import selective_metrics
 
     out: dict[str, float] = {}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
-        out.update(_report(_probs(method, val_logits), val_labels, n_bins, name, "val"))
+        probs = _probs(method, val_logits)
+        out.update(_report(probs, val_labels, n_bins, name, "val"))
+        out.update(selective_metrics(probs, val_labels, "val", name))  # objectives too
     return out
 
 
@@ -90,6 +95,7 @@ def evaluate_final(
     shift: Sequence[ShiftLogits] = (),
     n_bins: int = 15,
     roc_points: int = 201,
+    bootstrap: int = 0,
 ) -> FinalEvaluation:
     """Post-hoc methods fitted on validation, test metrics before/after, OOD before/after TS.
 
@@ -97,10 +103,13 @@ def evaluate_final(
     ``val/<m>@<method>`` (fitted and scored on validation: what a study may select on),
     ``posthoc/<method>/<param>``; ``ood/<key>/{auroc,aupr,fpr95}`` (entropy score),
     ``ood/<key>/{auroc,aupr,fpr95}_msp``, each also with ``@ts`` after temperature scaling;
-    ``[val_]shift/<set>[/s<k>]/<m>[@<method>]`` for ``shift`` (`calibtune.training._shift`).
+    ``[val_]shift/<set>[/s<k>]/<m>[@<method>]`` for ``shift`` (`calibtune.training._shift`);
+    ``{val,test}/{aurc,augrc,refinement_nll}[@<method>]`` and, with ``bootstrap`` resamples,
+    ``test/<m>[@<method>]_ci_{low,high}`` (`calibtune.training._uncertainty`).
     """
     from calibtune import metrics as M
     from calibtune.posthoc import build_posthoc
+    from calibtune.training._uncertainty import uncertainty_metrics
 
     out = FinalEvaluation()
     test_probs = torch.softmax(test_logits.double(), dim=1)
@@ -109,16 +118,22 @@ def evaluate_final(
     out.reliability["uncalibrated"] = _table(test_probs, test_labels, n_bins)
 
     calibrated: dict[str, Any] = {}
+    scored = {("test", ""): test_probs, ("val", ""): torch.softmax(val_logits.double(), dim=1)}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
         calibrated[name] = method
         probs = _probs(method, test_logits)
         out.metrics.update(_report(probs, test_labels, n_bins, name))
-        out.metrics.update(_report(_probs(method, val_logits), val_labels, n_bins, name, "val"))
+        scored[("test", name)], scored[("val", name)] = probs, _probs(method, val_logits)
+        out.metrics.update(_report(scored[("val", name)], val_labels, n_bins, name, "val"))
         fitted = {k: float(v) for k, v in method.params().items()}
         out.posthoc_params[name] = fitted
         out.metrics.update({K.posthoc_key(name, k): v for k, v in fitted.items()})
         out.reliability[name] = _table(probs, test_labels, n_bins)
+    labels = {"test": test_labels, "val": val_labels}
+    unc = uncertainty_metrics(scored, labels, n_bins=n_bins, bootstrap=bootstrap)
+    out.metrics.update(unc.metrics)
+    out.risk_coverage, out.predictions = unc.curves, unc.predictions
 
     if shift:
         shifted, out.shift = shift_metrics(shift, calibrated, n_bins)

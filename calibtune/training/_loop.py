@@ -127,6 +127,10 @@ def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> d
             v = v.item()
         if isinstance(v, int | float):
             out[K.key(prefix, k)] = float(v)
+    if prefix == "val":  # AURC/AUGRC/refinement NLL may be objectives: in every report
+        from calibtune.training._uncertainty import selective_metrics
+
+        out.update(selective_metrics(torch.softmax(logits.double(), 1), labels, prefix))
     return out
 
 

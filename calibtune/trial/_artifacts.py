@@ -62,6 +62,7 @@ def write_artifacts(
         "gamma_history.json": gamma_history,
         "roc.json": final.roc,
         "shift.json": final.shift,
+        "risk_coverage.json": final.risk_coverage,
         "environment.json": {"torch_threads": torch.get_num_threads(), "torch": torch.__version__},
     }
     for name, data in files.items():
@@ -70,5 +71,7 @@ def write_artifacts(
         )
     (art / "history.jsonl").write_text("".join(json.dumps(jsonable(h)) + "\n" for h in history))
     torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    # per-sample test confidence/correctness per method: what `report --baseline` resamples
+    np.savez_compressed(art / "test_predictions.npz", **final.predictions)
     if cfg.eval.figures:
         save_trial_figures(art)

@@ -130,6 +130,8 @@ class EvalConfig:
     n_bins: int = 15
     test_every_epoch: bool = True
     figures: bool = True  # render figures/ from the artifacts at the end (matplotlib)
+    # bootstrap resamples of the test set for test/<m>[@method]_ci_{low,high} (0 = off)
+    bootstrap: int = 200
     # MLflow gets every bin of adaptive/{gammas,edges,gap} (default: the adaptive_summary series)
     log_adaptive_bins: bool = False
     # post-hoc methods also fitted on validation every epoch, reporting val/<m>@<name>
@@ -324,6 +326,7 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
             d.get("test_every_epoch", e.test_every_epoch), "eval.test_every_epoch"
         ),
         figures=check_bool(d.get("figures", True), "eval.figures"),
+        bootstrap=check_int(d.get("bootstrap", e.bootstrap), "eval.bootstrap", 0, 100_000),
         log_adaptive_bins=check_bool(d.get("log_adaptive_bins", False), "eval.log_adaptive_bins"),
         posthoc=posthoc,
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),

@@ -77,4 +77,5 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
             (n, sev) for side, n, sev in shift if side == "val_shift" and cfg.eval.epoch_shift
         ],
         adaptive=bool(getattr(loss, "adaptive", False)),
+        bootstrap=cfg.eval.bootstrap > 0,
     )

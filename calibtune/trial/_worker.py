@@ -323,6 +323,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         ood=ood,
         shift=shift,
         n_bins=cfg.eval.n_bins,
+        bootstrap=cfg.eval.bootstrap,
     )
     art = t.trial_dir / "artifacts"
     write_artifacts(
