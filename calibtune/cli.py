@@ -74,6 +74,7 @@ def _add_train(sub: Any) -> None:
         action="store_true",
         help="print every final metric (default: the main ones per method)",
     )
+    p.add_argument("--verbose", action="store_true", help="Ray's worker prefixes and logs")
     p.set_defaults(func=_cmd_train)
 
 
@@ -195,7 +196,12 @@ def _warn_version_drift(path: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from calibtune.study._display import EpochLines
+    from calibtune.study._display import EpochLines, quiet_output
+    from calibtune.study._raycluster import worker_log_prefix
+
+    worker_log_prefix(shown=args.verbose)
+    if not args.verbose:
+        quiet_output()
     from calibtune.trial import TrialFailedError, run
 
     overrides = list(args.overrides)

@@ -50,8 +50,11 @@ def quiet_output() -> None:
     """The default terminal of `calibtune run`: Tune's legacy reporter at verbose=0 (the new
     one prints its configuration box and a TensorBoard hint at every verbosity), no
     token-auth notice (Ray logs it when RAY_AUTH_MODE is unset; the mode itself is unchanged),
-    no INFO lines from Ray, MLflow (store migrations) or Optuna (study created)."""
+    no INFO lines from Ray, MLflow (store migrations; MLflow re-applies its level on import, so
+    also ``MLFLOW_LOGGING_LEVEL``, which Ray's local workers inherit) or Optuna (study
+    created)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name, level in (
         ("ray._private.authentication.authentication_token_setup", logging.ERROR),
         ("ray", logging.WARNING),
@@ -121,7 +124,8 @@ def live_display(study: Any) -> Any:
 
 class EpochLines:
     """`calibtune train`'s progress: one line per epoch (a `calibtune.trial.TrialCallback`; it
-    runs on rank 0, so with workers Ray forwards the line with the worker's prefix)."""
+    runs on rank 0, so with workers Ray forwards the line, without the worker's prefix unless
+    ``--verbose``: `calibtune.study._raycluster.worker_log_prefix`)."""
 
     KEYS = ("train/loss", "val/error", "val/ece")
 
