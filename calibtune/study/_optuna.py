@@ -21,6 +21,7 @@ from optuna.distributions import (
 )
 
 from calibtune.study._config import StudyConfig
+from calibtune.study._constraints import Constraint, baseline_values, violations
 
 __all__ = ["DefineByRun", "conditional_grid", "define_by_run", "make_sampler"]
 
@@ -75,22 +76,68 @@ def conditional_grid(study: StudyConfig) -> list[dict[str, Any]]:
 
 
 def make_sampler(study: StudyConfig) -> Any:
+    """The study's Optuna sampler. Optuna's ExperimentalWarning for the options chosen here
+    (TPE's ``group``) is silenced: users cannot act on it."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _sampler(study)
+
+
+def _sampler(study: StudyConfig) -> Any:
     import optuna
 
     s = study.search
     seed = s.sampler_seed
+    # the samplers that take constraints (the study config refuses the others with constraints)
+    cons = {"constraints_func": StoredConstraints(len(s.constraints))} if s.constraints else {}
     if s.sampler == "tpe":
         # multivariate + group model the conditional (per-loss) sub-spaces jointly
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, **cons)
     if s.sampler in ("random", "grid"):  # grid: the points themselves are enqueued
         return optuna.samplers.RandomSampler(seed=seed)
     if s.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if s.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed)
+        return optuna.samplers.NSGAIISampler(seed=seed, **cons)
     if s.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, **cons)
     raise AssertionError(s.sampler)
+
+
+# ----------------------------------------------------------------------------- constraints
+
+#: user attributes of an Optuna trial of a constrained study: its values of the constrained
+#: metrics (what later trials' relative bounds are computed from) and its constraint values
+METRICS_ATTR = "calibtune.constraint_metrics"
+VALUES_ATTR = "calibtune.constraints"
+
+
+class StoredConstraints:
+    """The samplers' ``constraints_func``: the values the driver stored on the trial
+    (`constraint_attrs`; Optuna then keeps them as the ``constraints`` system attribute). A
+    trial without them (no result) counts as meeting its ``n`` constraints. Picklable."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, trial: Any) -> list[float]:
+        return list(trial.user_attrs.get(VALUES_ATTR, [0.0] * self.n))
+
+
+def constraint_attrs(
+    constraints: tuple[Constraint, ...], label: Any, result: dict[str, Any], trials: list[Any]
+) -> dict[str, Any]:
+    """User attributes of an ended trial of loss ``label`` with last report ``result``: the
+    constrained metrics and the constraint values, relative bounds taken from the baseline
+    trials among ``trials`` (Optuna trials holding `METRICS_ATTR`, the ended one included)."""
+    metrics = {c.metric: result.get(c.metric) for c in constraints}
+    metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    done = [(t.params.get("loss"), t.user_attrs[METRICS_ATTR]) for t in trials
+            if METRICS_ATTR in t.user_attrs and t.state.name == "COMPLETE"]  # fmt: skip
+    base = baseline_values(constraints, [*done, (label, metrics)])
+    return {METRICS_ATTR: metrics, VALUES_ATTR: violations(constraints, metrics, base)}
 
 
 # ----------------------------------------------------------------------------- persisted study
@@ -160,22 +207,33 @@ def record_trial(
     config: dict[str, Any],
     state: str,
     values: list[float] | None = None,
+    result: dict[str, Any] | None = None,
 ) -> bool:
     """Add one ended Tune trial to the persisted Optuna study unless it is there already (by
     `TUNE_TRIAL_ATTR`); returns whether it was added. ``state``: ``COMPLETE`` (with ``values``,
-    one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA)."""
+    one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA). A COMPLETE trial of a
+    constrained study also gets its constraint values (``result``: its last report), as the
+    ``constraints`` system attribute Optuna's samplers and optuna-dashboard read."""
     import optuna
+    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
     if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
         return False
     dists = distributions(study)
     params = {k: v for k, v in flat_params(config).items() if k in dists}
+    user_attrs: dict[str, Any] = {TUNE_TRIAL_ATTR: tune_trial_id}
+    system_attrs: dict[str, Any] = {}
+    cons = study.search.constraints
+    if cons and state == "COMPLETE" and result is not None:
+        user_attrs |= constraint_attrs(cons, params.get("loss"), result, ot_study.trials)
+        system_attrs[_CONSTRAINTS_KEY] = tuple(user_attrs[VALUES_ATTR])
     trial = optuna.trial.create_trial(
         params=params,
         distributions={k: dists[k] for k in params},
         values=values if state == "COMPLETE" else None,
         state=optuna.trial.TrialState[state],
-        user_attrs={TUNE_TRIAL_ATTR: tune_trial_id},
+        user_attrs=user_attrs,
+        system_attrs=system_attrs,
     )
     ot_study.add_trial(trial)
     return True
@@ -211,5 +269,5 @@ def persist_ended(
     added = 0
     for trial_id, config, result, error in ended:
         state, values = ended_state(study, result, error)
-        added += record_trial(ot_study, study, trial_id, config, state, values)
+        added += record_trial(ot_study, study, trial_id, config, state, values, result)
     return added
