@@ -131,6 +131,42 @@ def test_violations_follow_optunas_convention():
     assert judge([rel], trials) == [False, True, True]  # 0.12 > 0.09; 0.08, 0.02 <= 0.09
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "nsga2", "gp"])
+def test_the_searcher_sets_optuna_constraints_before_telling(sampler):
+    """Ray Tune's searcher (driven by hand, no Tune run) gives each ended trial its constraint
+    values as Optuna trial constraints, the relative one from the baseline's best so far."""
+    from calibtune.study._constrained import ConstrainedOptunaSearch
+    from calibtune.study._optuna import define_by_run, make_sampler
+
+    raw = copy.deepcopy(BASE)
+    raw["losses"] = ["cross_entropy"]
+    raw["search"].update(
+        sampler=sampler,
+        constraints=[
+            {"metric": "val/error", "max": 0.15},
+            {"metric": "val/error", "max_over_baseline": 0.01, "baseline": "cross_entropy"},
+        ],
+    )
+    study = parse_study(raw, "s.yaml")
+    searcher = ConstrainedOptunaSearch(
+        constraints=study.search.constraints,
+        space=define_by_run(study),
+        metric="val/ece",
+        mode="min",
+        sampler=make_sampler(study),
+    )
+    for i, error in enumerate([0.10, 0.20, 0.05]):
+        assert searcher.suggest(f"t{i}") is not None
+        searcher.on_trial_complete(f"t{i}", {"val/ece": 0.1, "val/error": error})
+    got = [t.constraints for t in searcher._ot_study.trials]
+    # absolute: error - 0.15; relative: error - (best so far, this trial included, + 0.01)
+    expected = [(-0.05, -0.01), (0.05, 0.09), (-0.10, -0.01)]
+    assert [list(c) for c in got] == [
+        ["val/error <= 0.15", "val/error <= cross_entropy's best + 0.01"]
+    ] * 3
+    assert [tuple(c.values()) for c in got] == [pytest.approx(e) for e in expected]
+
+
 def test_cli_refuses_a_test_constraint_before_ray_starts(tmp_path):
     raw = copy.deepcopy(BASE)
     raw["search"]["constraints"] = [{"metric": "test/error", "max": 0.1}]
@@ -216,14 +252,14 @@ def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained):
     table = compare_table(ref)
     assert dict(zip(table["trial_id"], table["feasible"], strict=True)) == expected
     assert "val/error" in table.columns
-    # the persisted Optuna study: Optuna's "constraints" system attribute, first = m - BOUND
+    # the persisted Optuna study: Optuna's trial constraints, the absolute one = m - BOUND
     ot = optuna.load_study(study_name="cons", storage=f"sqlite:///{constrained.storage}/optuna.db")
     done = [t for t in ot.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 4
     for t in done:
-        cons = t.system_attrs["constraints"]
         error = errors[t.user_attrs["tune_trial_id"]]
-        assert len(cons) == 2 and cons[0] == pytest.approx(error - BOUND)
+        assert len(t.constraints) == 2
+        assert t.constraints[f"val/error <= {BOUND:g}"] == pytest.approx(error - BOUND)
 
 
 @pytest.mark.slow

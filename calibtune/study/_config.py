@@ -48,7 +48,7 @@ SEARCH_KEYS = (
     "optuna_storage",
     "constraints",
 )
-#: samplers that take Optuna's ``constraints_func`` (the others cannot honour search.constraints)
+#: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
 CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
 TRACKING_KEYS = ("uri", "experiment")
 LOSS_KEYS = ("name", "label", "space", "params")

@@ -1,7 +1,7 @@
 """Ray Tune's `OptunaSearch` for a study with ``search.constraints``: before an ended trial is
-told to Optuna, its constraint values are stored on it (`calibtune.study._optuna.constraint_attrs`),
-where the sampler's ``constraints_func`` (`StoredConstraints`) reads them. Without constraints
-it is `OptunaSearch` unchanged. Imports Ray: imported by the study driver only."""
+told to Optuna, its constraint values are set on it with `optuna.trial.Trial.set_constraint`
+(`calibtune.study._optuna.constraint_values`), where TPE, NSGA-II and GP read them. Without
+constraints it is `OptunaSearch` unchanged. Imports Ray: imported by the study driver only."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from ray.tune.search.optuna import OptunaSearch
 
 from calibtune.study._constraints import Constraint
-from calibtune.study._optuna import constraint_attrs
+from calibtune.study._optuna import METRICS_ATTR, constraint_values
 
 __all__ = ["ConstrainedOptunaSearch"]
 
@@ -30,7 +30,9 @@ class ConstrainedOptunaSearch(OptunaSearch):
         constraints = getattr(self, "constraints", ())  # absent in searchers saved before
         if constraints and ot_trial is not None and result and not error and not ended:
             trials = self._ot_study.get_trials(deepcopy=False)
-            attrs = constraint_attrs(constraints, ot_trial.params.get("loss"), result, trials)
-            for k, v in attrs.items():
-                ot_trial.set_user_attr(k, v)
+            label = ot_trial.params.get("loss")
+            metrics, values = constraint_values(constraints, label, result, trials)
+            ot_trial.set_user_attr(METRICS_ATTR, metrics)
+            for name, value in values.items():
+                ot_trial.set_constraint(name, value)
         super().on_trial_complete(trial_id, result, error)

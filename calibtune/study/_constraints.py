@@ -8,8 +8,8 @@ A constraint bounds a validation metric, either absolutely or relative to a base
         - {metric: val/error, max_over_baseline: 0.005, baseline: cross_entropy}
         - {metric: val/auroc…, min: 0.9}                    # lower bounds: min, min_under_baseline
 
-Each constraint gives one value ``c`` in Optuna's convention (``constraints_func`` of TPE,
-NSGA-II and GP; a trial is feasible iff every ``c <= 0``)::
+Each constraint gives one value ``c`` in Optuna's convention (set with
+`optuna.trial.Trial.set_constraint`, read by TPE, NSGA-II and GP; feasible iff every ``c <= 0``)::
 
     upper bound (max, max_over_baseline):   c = m - bound
     lower bound (min, min_under_baseline):  c = bound - m
@@ -83,7 +83,10 @@ def parse_constraints(raw: Any, labels: Sequence[str], error: type[ValueError]) 
         return ()
     if not isinstance(raw, Sequence) or isinstance(raw, str):
         raise fail(path, "a list of {metric, max|min|max_over_baseline|...}", raw, error)
-    return tuple(_one(item, f"{path}[{i}]", labels, error) for i, item in enumerate(raw))
+    out = tuple(_one(item, f"{path}[{i}]", labels, error) for i, item in enumerate(raw))
+    if len(set(out)) != len(out):  # each is an Optuna constraint named by its rule
+        raise fail(path, "distinct constraints", [str(c) for c in out], error)
+    return out
 
 
 def _one(item: Any, where: str, labels: Sequence[str], error: type[ValueError]) -> Constraint:

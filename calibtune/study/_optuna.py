@@ -90,54 +90,43 @@ def _sampler(study: StudyConfig) -> Any:
 
     s = study.search
     seed = s.sampler_seed
-    # the samplers that take constraints (the study config refuses the others with constraints)
-    cons = {"constraints_func": StoredConstraints(len(s.constraints))} if s.constraints else {}
     if s.sampler == "tpe":
         # multivariate + group model the conditional (per-loss) sub-spaces jointly
-        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, **cons)
+        return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
     if s.sampler in ("random", "grid"):  # grid: the points themselves are enqueued
         return optuna.samplers.RandomSampler(seed=seed)
     if s.sampler == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
     if s.sampler == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, **cons)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     if s.sampler == "gp":
-        return optuna.samplers.GPSampler(seed=seed, **cons)
+        return optuna.samplers.GPSampler(seed=seed)
     raise AssertionError(s.sampler)
 
 
 # ----------------------------------------------------------------------------- constraints
 
-#: user attributes of an Optuna trial of a constrained study: its values of the constrained
-#: metrics (what later trials' relative bounds are computed from) and its constraint values
+#: user attribute of an Optuna trial of a constrained study: its values of the constrained
+#: metrics (what later trials' relative bounds are computed from)
 METRICS_ATTR = "calibtune.constraint_metrics"
-VALUES_ATTR = "calibtune.constraints"
 
 
-class StoredConstraints:
-    """The samplers' ``constraints_func``: the values the driver stored on the trial
-    (`constraint_attrs`; Optuna then keeps them as the ``constraints`` system attribute). A
-    trial without them (no result) counts as meeting its ``n`` constraints. Picklable."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __call__(self, trial: Any) -> list[float]:
-        return list(trial.user_attrs.get(VALUES_ATTR, [0.0] * self.n))
-
-
-def constraint_attrs(
+def constraint_values(
     constraints: tuple[Constraint, ...], label: Any, result: dict[str, Any], trials: list[Any]
-) -> dict[str, Any]:
-    """User attributes of an ended trial of loss ``label`` with last report ``result``: the
-    constrained metrics and the constraint values, relative bounds taken from the baseline
-    trials among ``trials`` (Optuna trials holding `METRICS_ATTR`, the ended one included)."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """An ended trial of loss ``label`` with last report ``result``: its constrained metrics
+    (for `METRICS_ATTR`) and its constraint values by name (``str(constraint)``), relative
+    bounds from the baseline trials among ``trials`` (COMPLETE Optuna trials holding
+    `METRICS_ATTR`) and the ended trial itself. Optuna 5 keeps constraint values as the trial's
+    ``constraints:<name>`` system attributes (`optuna.trial.Trial.set_constraint`); TPE,
+    NSGA-II and GP read them from there (their ``constraints_func`` is deprecated)."""
     metrics = {c.metric: result.get(c.metric) for c in constraints}
     metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
     done = [(t.params.get("loss"), t.user_attrs[METRICS_ATTR]) for t in trials
             if METRICS_ATTR in t.user_attrs and t.state.name == "COMPLETE"]  # fmt: skip
     base = baseline_values(constraints, [*done, (label, metrics)])
-    return {METRICS_ATTR: metrics, VALUES_ATTR: violations(constraints, metrics, base)}
+    values = violations(constraints, metrics, base)
+    return metrics, {str(c): v for c, v in zip(constraints, values, strict=True)}
 
 
 # ----------------------------------------------------------------------------- persisted study
@@ -212,10 +201,9 @@ def record_trial(
     """Add one ended Tune trial to the persisted Optuna study unless it is there already (by
     `TUNE_TRIAL_ATTR`); returns whether it was added. ``state``: ``COMPLETE`` (with ``values``,
     one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA). A COMPLETE trial of a
-    constrained study also gets its constraint values (``result``: its last report), as the
-    ``constraints`` system attribute Optuna's samplers and optuna-dashboard read."""
+    constrained study also gets its constraint values (``result``: its last report) where
+    `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads."""
     import optuna
-    from optuna.study._constrained_optimization import _CONSTRAINTS_KEY
 
     if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
         return False
@@ -225,8 +213,9 @@ def record_trial(
     system_attrs: dict[str, Any] = {}
     cons = study.search.constraints
     if cons and state == "COMPLETE" and result is not None:
-        user_attrs |= constraint_attrs(cons, params.get("loss"), result, ot_study.trials)
-        system_attrs[_CONSTRAINTS_KEY] = tuple(user_attrs[VALUES_ATTR])
+        metrics, values = constraint_values(cons, params.get("loss"), result, ot_study.trials)
+        user_attrs[METRICS_ATTR] = metrics
+        system_attrs = {f"constraints:{k}": v for k, v in values.items()}
     trial = optuna.trial.create_trial(
         params=params,
         distributions={k: dists[k] for k in params},
