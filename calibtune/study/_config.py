@@ -186,9 +186,10 @@ def _split(metric: str) -> str | None:
 
 
 def _check_reported(objectives: Sequence[Any], base: Any, path: str = "objectives") -> None:
-    """Every objective must be a key the trials report. A trial reports what its config's
-    `TrialConfig.metric_keys` says, with each objective's (and constraint's) post-hoc method added to
-    ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method counts.
+    """Every objective (or constraint) must be a key the trials report. A trial reports what
+    its config's `TrialConfig.metric_keys` says, with each objective's and constraint's post-hoc
+    method added to ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method
+    counts.
     ``base`` is the validated base trial config (`_base_trial`)."""
     import dataclasses
 
