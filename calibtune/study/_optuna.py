@@ -213,9 +213,9 @@ def record_trial(
     system_attrs: dict[str, Any] = {}
     cons = study.search.constraints
     if cons and state == "COMPLETE" and result is not None:
-        metrics, values = constraint_values(cons, params.get("loss"), result, ot_study.trials)
+        metrics, named = constraint_values(cons, params.get("loss"), result, ot_study.trials)
         user_attrs[METRICS_ATTR] = metrics
-        system_attrs = {f"constraints:{k}": v for k, v in values.items()}
+        system_attrs = {f"constraints:{k}": v for k, v in named.items()}
     trial = optuna.trial.create_trial(
         params=params,
         distributions={k: dists[k] for k in params},
