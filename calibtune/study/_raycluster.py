@@ -10,7 +10,7 @@ from typing import Any
 
 from calibtune.study._display import quiet_output
 
-__all__ = ["check_cluster", "client_token_auth", "init_ray", "worker_log_prefix"]
+__all__ = ["check_cluster", "client_token_auth", "init_ray"]
 
 
 def client_token_auth() -> None:
@@ -26,20 +26,6 @@ def client_token_auth() -> None:
         _enable_token_auth()  # sets the variable and re-reads RayConfig
     except ImportError:  # pragma: no cover - another Ray version
         os.environ["RAY_AUTH_MODE"] = "token"
-
-
-def worker_log_prefix(shown: bool) -> None:
-    """Whether lines that Ray forwards from workers carry Ray's ``(RayTrainWorker pid=…)``
-    prefix (``RAY_DISABLE_WORKER_LOG_PREFIX``, read into Ray's constants when Ray is imported;
-    set there too when it already was). An explicit setting from the user is respected."""
-    import sys
-
-    if "RAY_DISABLE_WORKER_LOG_PREFIX" in os.environ:
-        return
-    os.environ["RAY_DISABLE_WORKER_LOG_PREFIX"] = "0" if shown else "1"
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        constants.RAY_DISABLE_WORKER_LOG_PREFIX = not shown
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: bool = True) -> None:
