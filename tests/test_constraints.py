@@ -229,8 +229,9 @@ def constrained(tmp_path_factory, ray_session):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained):
+def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained, tmp_path):
     import optuna
+    import pandas as pd
     from mlflow.tracking import MlflowClient
 
     from calibtune.study._results import compare_table, locate_study
@@ -251,6 +252,13 @@ def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained):
     table = compare_table(ref)
     assert dict(zip(table["trial_id"], table["feasible"], strict=True)) == expected
     assert "val/error" in table.columns
+    # the parent run's summary table (refreshed as trials end) has the column too
+    client = MlflowClient(constrained.tracking_uri)
+    local = client.download_artifacts(
+        constrained.parent_run_id, "summary/compare.csv", str(tmp_path)
+    )
+    summary = pd.read_csv(local, dtype={"trial_id": str})
+    assert dict(zip(summary["trial_id"], summary["feasible"], strict=True)) == expected
     # the persisted Optuna study: Optuna's trial constraints, the absolute one = m - BOUND
     ot = optuna.load_study(study_name="cons", storage=f"sqlite:///{constrained.storage}/optuna.db")
     done = [t for t in ot.trials if t.state == optuna.trial.TrialState.COMPLETE]
