@@ -94,7 +94,7 @@ def _one(item: Any, where: str, labels: Sequence[str], error: type[ValueError]) 
         d = check_mapping(item, where)
     except ValueError as exc:
         raise error(str(exc)) from None
-    unknown = sorted(set(d) - {"metric", "baseline", *KINDS})
+    unknown = sorted(set(d) - {"metric", "baseline", *KINDS}, key=str)
     if unknown:
         raise fail(f"{where}.{unknown[0]}", f"one of metric, baseline, {', '.join(KINDS)}",
                    unknown[0], error)  # fmt: skip
