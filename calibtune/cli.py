@@ -74,6 +74,7 @@ def _add_train(sub: Any) -> None:
         action="store_true",
         help="print every final metric (default: the main ones per method)",
     )
+    p.add_argument("--verbose", action="store_true", help="Ray's worker prefixes and logs")
     p.set_defaults(func=_cmd_train)
 
 
@@ -195,7 +196,11 @@ def _warn_version_drift(path: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from calibtune.study._display import EpochLines
+    from calibtune.study._display import quiet_output, train_progress
+    from calibtune.study._raycluster import init_ray
+
+    if not args.verbose:
+        quiet_output()
     from calibtune.trial import TrialFailedError, run
 
     overrides = list(args.overrides)
@@ -211,8 +216,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"name={args.name}")
     cfg = _train_config(args, overrides)
     _warn_version_drift(args.config)
+    # workers on a local Ray: their output (Ray Train's lines, worker prefixes) stays in Ray's
+    # logs unless --verbose; the epoch lines are relayed (on a cluster they come prefixed)
+    relay = bool(cfg.scaling.num_workers) and not args.verbose and "RAY_ADDRESS" not in os.environ
+    if relay:
+        init_ray(None, verbose=False)
     try:
-        result = run(cfg, callbacks=[EpochLines(cfg.train.epochs)])
+        with train_progress(cfg.train.epochs, relay) as lines:
+            result = run(cfg, callbacks=[lines])
     except ValueError as e:  # missing dataset files, too few CPUs/GPUs for the scaling
         raise UsageError(str(e)) from None
     except TrialFailedError as e:

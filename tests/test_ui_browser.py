@@ -122,14 +122,52 @@ def _training_page(page, url: str, path: str) -> None:
     page.goto(f"{url}/#/experiments/{path}?workflowType=machine_learning")
 
 
-def test_experiment_opens_on_the_training_runs(study, ui, page):
+def _printed_url(proc: subprocess.Popen, pattern: str) -> str:
+    """The first URL matching ``pattern`` that a serving `calibtune` command prints."""
+    deadline = time.time() + 120
+    assert proc.stdout is not None
+    seen = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if m := re.search(pattern, line):
+            return m.group(0)
+    raise AssertionError(f"no URL matching {pattern!r} (exit {proc.poll()}): {seen[-5:]}")
+
+
+def _serve(*args: str) -> subprocess.Popen:
+    calibtune = str(Path(sys.executable).parent / "calibtune")
+    return subprocess.Popen(
+        [calibtune, *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_experiment_opens_on_the_training_runs(study, page):
+    """A fresh browser (no remembered GenAI/training choice) opening the experiment URL that
+    `calibtune ui` prints lands on the runs table with the study's parent run."""
     outcome, _ = study
-    page.goto(f"{ui}/#/experiments/{outcome.experiment_id}")  # a fresh browser, no parameter
+    proc = _serve("ui", "--tracking-uri", outcome.tracking_uri)
     try:
-        page.get_by_text("Run Name").first.wait_for(timeout=20_000)
-    except Exception:
-        pytest.xfail("needs dash branch: the experiment opens on MLflow's GenAI overview")
-    assert "/runs" in page.url
+        url = _printed_url(proc, r"(?<=uistudy: )http://127\.0\.0\.1:\d+/\S+")
+        assert url.endswith(
+            f"#/experiments/{outcome.experiment_id}/runs?workflowType=machine_learning"
+        )
+        page.goto(url)
+        page.get_by_text("Run Name").first.wait_for()
+        page.locator('[col-id="attributes.`Run Name`"][role=gridcell]').filter(
+            has_text="uistudy"
+        ).wait_for()
+        assert "/runs" in page.url and "workflowType=genai" not in page.url, page.url
+    finally:
+        _stop(proc)
 
 
 def test_parent_run_expands_to_its_nested_trials(study, ui, page):
@@ -206,41 +244,20 @@ def test_compare_view_shows_both_trials_params_and_metrics(study, ui, page):
     _shot(page, "mlflow-compare")
 
 
-def _dashboard_url(proc: subprocess.Popen) -> str:
-    """The URL `calibtune dashboard` prints (it serves until stopped)."""
-    deadline = time.time() + 120
-    assert proc.stdout is not None
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        if m := re.search(r"http://127\.0\.0\.1:\d+\S*", line):
-            return m.group(0)
-    raise AssertionError(f"calibtune dashboard printed no URL (exit {proc.poll()})")
-
-
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 12): after opening the study, optuna-dashboard 0.21's study page did not "
-    "show 'History'/'Trials' within the wait in headless chromium; its API serves the study "
-    "(tests/test_study_dashboard.py)",
-)
 def test_optuna_dashboard_loads_the_study(study, page):
+    """`calibtune dashboard` serves optuna-dashboard (a React app: the study list renders after
+    its API answers); the study's link leads to its page with the history of ``val/ece``."""
     outcome, _ = study
-    calibtune = str(Path(sys.executable).parent / "calibtune")
-    helped = subprocess.run([calibtune, "dashboard", "--help"], capture_output=True, timeout=60)
-    if helped.returncode != 0:
-        pytest.xfail("needs dash branch: `calibtune dashboard STUDY`")
-    proc = subprocess.Popen(
-        [calibtune, "dashboard", str(outcome.storage)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+    proc = _serve("dashboard", str(outcome.storage))
     try:
-        page.goto(_dashboard_url(proc))
-        page.get_by_text("uistudy").first.wait_for()
-        page.get_by_text("uistudy").first.click()
-        page.get_by_text(re.compile("History|Trials")).first.wait_for()
+        page.goto(_printed_url(proc, r"http://127\.0\.0\.1:\d+\S*"))
+        link = page.locator('a[href*="/dashboard/studies/"]', has_text="uistudy")
+        link.wait_for()
+        link.click()
+        page.wait_for_url(re.compile(r"/dashboard/studies/\d+$"))
+        page.get_by_text(re.compile(r"^uistudy \(id=\d+\)$")).wait_for()
+        page.get_by_text(re.compile(r"^Best Trial \(number=\d+\)$")).wait_for()
+        page.get_by_text("val/ece", exact=True).first.wait_for()  # the history's axis title
         _shot(page, "optuna-dashboard")
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        _stop(proc)

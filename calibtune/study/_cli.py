@@ -472,7 +472,9 @@ def _cmd_ui(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"calibtune ui: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
         return 1
-    print(f"MLflow UI for {uri}: {url}   (Ctrl-C to stop)", flush=True)
+    from calibtune.study._ui import ui_lines
+
+    print("\n".join(ui_lines(uri, url)), flush=True)
     try:
         proc.wait()
     except KeyboardInterrupt:

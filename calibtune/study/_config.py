@@ -21,6 +21,7 @@ from calibtune._names import check_experiment, check_name
 from calibtune._validate import check_int, check_keys, check_mapping
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
+from calibtune.study._constraints import Constraint, parse_constraints
 from calibtune.study._spaces import (
     LossSpace,
     Space,
@@ -45,7 +46,10 @@ SEARCH_KEYS = (
     "seeds",
     "max_failures",
     "optuna_storage",
+    "constraints",
 )
+#: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
+CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
 TRACKING_KEYS = ("uri", "experiment")
 LOSS_KEYS = ("name", "label", "space", "params")
 
@@ -80,6 +84,7 @@ class SearchConfig:
     seeds: tuple[int, ...] = (1,)
     max_failures: int = 0
     optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
+    constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (study/_constraints.py)
 
 
 @dataclass(frozen=True)
@@ -177,10 +182,11 @@ def _split(metric: str) -> str | None:
         return None  # not a key at all: answered by _check_reported
 
 
-def _check_reported(objectives: Sequence[Objective], base: Any) -> None:
-    """Every objective must be a key the trials report. A trial reports what its config's
-    `TrialConfig.metric_keys` says, with each objective's post-hoc method added to
-    ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method counts.
+def _check_reported(objectives: Sequence[Any], base: Any, path: str = "objectives") -> None:
+    """Every objective (or constraint) must be a key the trials report. A trial reports what
+    its config's `TrialConfig.metric_keys` says, with each objective's and constraint's post-hoc
+    method added to ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method
+    counts.
     ``base`` is the validated base trial config (`_base_trial`)."""
     import dataclasses
 
@@ -195,12 +201,12 @@ def _check_reported(objectives: Sequence[Objective], base: Any) -> None:
                 k for k in ("val/ece", "val/ece@ts", "val/error", "train/loss") if k in reported
             ]
             raise StudyError(
-                f"search.objectives[{i}].metric: expected a metric the trials report "
+                f"search.{path}[{i}].metric: expected a metric the trials report "
                 f"(e.g. {', '.join(examples)}, …), got {excerpt(o.metric)}"
             )
 
 
-def _search(raw: Any) -> SearchConfig:
+def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
     d = _mapping(raw, "search", SEARCH_KEYS)
     s = SearchConfig()
     sampler = d.get("sampler", s.sampler)
@@ -228,6 +234,12 @@ def _search(raw: Any) -> SearchConfig:
             f"search.seeds: expected a non-empty list of integers, got {excerpt(seeds)}"
         )
     seeds = tuple(check_int(x, f"search.seeds[{i}]", 0) for i, x in enumerate(seeds))
+    constraints = parse_constraints(d.get("constraints"), labels, StudyError)
+    if constraints and sampler not in CONSTRAINED_SAMPLERS:
+        raise StudyError(
+            f"search.sampler: expected {', '.join(CONSTRAINED_SAMPLERS)} for a study with "
+            f"search.constraints (the samplers that take them), got {excerpt(sampler)}"
+        )
     if len(set(seeds)) != len(seeds):
         raise StudyError(f"search.seeds: expected distinct seeds, got {list(seeds)}")
     return SearchConfig(
@@ -243,6 +255,7 @@ def _search(raw: Any) -> SearchConfig:
         seeds=seeds,
         max_failures=check_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
         optuna_storage=_optuna_storage(d.get("optuna_storage")),
+        constraints=constraints,
     )
 
 
@@ -393,8 +406,9 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
         name = check_name(d.get("name"), "name")
         trial, base = _base_trial(d.get("trial"))
         losses = _losses(d.get("losses"), base_dir)
-        search = _search(d.get("search"))
+        search = _search(d.get("search"), [c.label for c in losses])
         _check_reported(search.objectives, base)
+        _check_reported(search.constraints, base, "constraints")
         space = _trial_space(d.get("space"), {**trial, "loss": {"name": "cross_entropy"}})
         if search.sampler == "grid" and search.num_samples != (size := _grid_size(losses, space)):
             raise StudyError(

@@ -5,14 +5,27 @@ and not shown otherwise (logs and pipes get only the per-trial lines of `_progre
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Counts", "EpochLines", "clear_line", "live_display", "quiet_output", "status_line"]
+__all__ = [
+    "Counts",
+    "EpochLines",
+    "clear_line",
+    "live_display",
+    "quiet_output",
+    "status_line",
+    "train_progress",
+]
 
 _CLEAR = "\r\x1b[K"
 
@@ -50,8 +63,11 @@ def quiet_output() -> None:
     """The default terminal of `calibtune run`: Tune's legacy reporter at verbose=0 (the new
     one prints its configuration box and a TensorBoard hint at every verbosity), no
     token-auth notice (Ray logs it when RAY_AUTH_MODE is unset; the mode itself is unchanged),
-    no INFO lines from Ray, MLflow (store migrations) or Optuna (study created)."""
+    no INFO lines from Ray, MLflow (store migrations; MLflow re-applies its level on import, so
+    also ``MLFLOW_LOGGING_LEVEL``, which Ray's local workers inherit) or Optuna (study
+    created)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name, level in (
         ("ray._private.authentication.authentication_token_setup", logging.ERROR),
         ("ray", logging.WARNING),
@@ -121,12 +137,14 @@ def live_display(study: Any) -> Any:
 
 class EpochLines:
     """`calibtune train`'s progress: one line per epoch (a `calibtune.trial.TrialCallback`; it
-    runs on rank 0, so with workers Ray forwards the line with the worker's prefix)."""
+    runs on rank 0). Printed where it runs, or with ``relay`` appended to that file instead
+    (`train_progress` prints it from the driver)."""
 
     KEYS = ("train/loss", "val/error", "val/ece")
 
-    def __init__(self, epochs: int) -> None:
+    def __init__(self, epochs: int, relay: str | None = None) -> None:
         self.epochs = epochs
+        self.relay = relay
 
     def on_epoch(self, epoch: int, metrics: Any) -> None:
         shown = " | ".join(
@@ -134,7 +152,48 @@ class EpochLines:
         )
         took = metrics.get("epoch_time")
         tail = f" | {took:.1f} s" if isinstance(took, (int, float)) else ""
-        print(f"[calibtune] epoch {epoch}/{self.epochs}: {shown}{tail}", flush=True)
+        line = f"[calibtune] epoch {epoch}/{self.epochs}: {shown}{tail}\n"
+        if self.relay is None:
+            print(line, end="", flush=True)
+        else:
+            with open(self.relay, "a", encoding="utf-8") as f:
+                f.write(line)  # one write per line: the reader sees whole lines
 
     def on_trial_end(self, metrics: Any, artifacts_dir: Any) -> None:
         pass
+
+
+@contextlib.contextmanager
+def train_progress(epochs: int, relay: bool) -> Iterator[EpochLines]:
+    """The `EpochLines` of `calibtune train`. With ``relay`` (Train workers on this machine whose
+    output Ray does not forward, so none of Ray Train's own lines or worker prefixes show), rank
+    0 appends its lines to a temporary file that a thread of this process prints from."""
+    if not relay:
+        yield EpochLines(epochs)
+        return
+    with tempfile.TemporaryDirectory(prefix="calibtune-epochs-") as tmp:
+        path = Path(tmp) / "epochs.txt"
+        path.touch()
+        stop = threading.Event()
+        thread = threading.Thread(target=_pump, args=(path, stop), daemon=True)
+        thread.start()
+        try:
+            yield EpochLines(epochs, str(path))
+        finally:
+            stop.set()
+            thread.join(timeout=10)
+
+
+def _pump(path: Path, stop: threading.Event) -> None:
+    """Print whole lines appended to ``path`` until ``stop`` is set and the file is read."""
+    with open(path, encoding="utf-8") as f:
+        while True:
+            pos = f.tell()
+            line = f.readline()
+            if line.endswith("\n"):
+                print(line, end="", flush=True)
+                continue
+            f.seek(pos)  # nothing new, or a line still being written
+            if stop.is_set():
+                return
+            time.sleep(0.2)

@@ -21,6 +21,7 @@ from optuna.distributions import (
 )
 
 from calibtune.study._config import StudyConfig
+from calibtune.study._constraints import Constraint, baseline_values, violations
 
 __all__ = ["DefineByRun", "conditional_grid", "define_by_run", "make_sampler"]
 
@@ -75,6 +76,16 @@ def conditional_grid(study: StudyConfig) -> list[dict[str, Any]]:
 
 
 def make_sampler(study: StudyConfig) -> Any:
+    """The study's Optuna sampler. Optuna's ExperimentalWarning for the options chosen here
+    (TPE's ``group``) is silenced: users cannot act on it."""
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return _sampler(study)
+
+
+def _sampler(study: StudyConfig) -> Any:
     import optuna
 
     s = study.search
@@ -91,6 +102,31 @@ def make_sampler(study: StudyConfig) -> Any:
     if s.sampler == "gp":
         return optuna.samplers.GPSampler(seed=seed)
     raise AssertionError(s.sampler)
+
+
+# ----------------------------------------------------------------------------- constraints
+
+#: user attribute of an Optuna trial of a constrained study: its values of the constrained
+#: metrics (what later trials' relative bounds are computed from)
+METRICS_ATTR = "calibtune.constraint_metrics"
+
+
+def constraint_values(
+    constraints: tuple[Constraint, ...], label: Any, result: dict[str, Any], trials: list[Any]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """An ended trial of loss ``label`` with last report ``result``: its constrained metrics
+    (for `METRICS_ATTR`) and its constraint values by name (``str(constraint)``), relative
+    bounds from the baseline trials among ``trials`` (COMPLETE Optuna trials holding
+    `METRICS_ATTR`) and the ended trial itself. Optuna 5 keeps constraint values as the trial's
+    ``constraints:<name>`` system attributes (`optuna.trial.Trial.set_constraint`); TPE,
+    NSGA-II and GP read them from there (their ``constraints_func`` is deprecated)."""
+    metrics = {c.metric: result.get(c.metric) for c in constraints}
+    metrics = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    done = [(t.params.get("loss"), t.user_attrs[METRICS_ATTR]) for t in trials
+            if METRICS_ATTR in t.user_attrs and t.state.name == "COMPLETE"]  # fmt: skip
+    base = baseline_values(constraints, [*done, (label, metrics)])
+    values = violations(constraints, metrics, base)
+    return metrics, {str(c): v for c, v in zip(constraints, values, strict=True)}
 
 
 # ----------------------------------------------------------------------------- persisted study
@@ -160,22 +196,33 @@ def record_trial(
     config: dict[str, Any],
     state: str,
     values: list[float] | None = None,
+    result: dict[str, Any] | None = None,
 ) -> bool:
     """Add one ended Tune trial to the persisted Optuna study unless it is there already (by
     `TUNE_TRIAL_ATTR`); returns whether it was added. ``state``: ``COMPLETE`` (with ``values``,
-    one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA)."""
+    one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA). A COMPLETE trial of a
+    constrained study also gets its constraint values (``result``: its last report) where
+    `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads."""
     import optuna
 
     if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
         return False
     dists = distributions(study)
     params = {k: v for k, v in flat_params(config).items() if k in dists}
+    user_attrs: dict[str, Any] = {TUNE_TRIAL_ATTR: tune_trial_id}
+    system_attrs: dict[str, Any] = {}
+    cons = study.search.constraints
+    if cons and state == "COMPLETE" and result is not None:
+        metrics, named = constraint_values(cons, params.get("loss"), result, ot_study.trials)
+        user_attrs[METRICS_ATTR] = metrics
+        system_attrs = {f"constraints:{k}": v for k, v in named.items()}
     trial = optuna.trial.create_trial(
         params=params,
         distributions={k: dists[k] for k in params},
         values=values if state == "COMPLETE" else None,
         state=optuna.trial.TrialState[state],
-        user_attrs={TUNE_TRIAL_ATTR: tune_trial_id},
+        user_attrs=user_attrs,
+        system_attrs=system_attrs,
     )
     ot_study.add_trial(trial)
     return True
@@ -211,5 +258,5 @@ def persist_ended(
     added = 0
     for trial_id, config, result, error in ended:
         state, values = ended_state(study, result, error)
-        added += record_trial(ot_study, study, trial_id, config, state, values)
+        added += record_trial(ot_study, study, trial_id, config, state, values, result)
     return added

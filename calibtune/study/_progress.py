@@ -58,6 +58,7 @@ def study_callbacks(
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
 
+    from calibtune.study._results import mark_feasibility
     from calibtune.study._summary import refresh_summary
 
     def summarize(trial: Any, failed: bool) -> None:
@@ -72,6 +73,8 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
         )
         if warning:
             print(warning, flush=True)
+        ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
+        mark_feasibility(study.search.constraints, *ids)  # relative bounds moved
 
     objective = study.search.objectives[0]
 

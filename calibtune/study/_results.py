@@ -21,6 +21,7 @@ import yaml
 
 from calibtune._provenance import installed_versions, provenance_comment
 from calibtune.metrics import keys as K
+from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
     PARENT,
@@ -46,6 +47,7 @@ class StudyRef:
     experiment_id: str
     parent_run_id: str
     objectives: tuple[tuple[str, str], ...]  # (metric, mode)
+    constraints: tuple[Constraint, ...] = ()  # search.constraints
 
 
 def locate_study(
@@ -71,6 +73,7 @@ def locate_study(
         state.experiment_id,
         state.parent_run_id,
         tuple((o.metric, o.mode) for o in cfg.search.objectives),
+        cfg.search.constraints,
     )
 
 
@@ -92,6 +95,8 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             "status": status,
             "reason": r.data.tags.get(TAG_ERROR, ""),
             "start_time": r.info.start_time,  # ms since the epoch (trial order)
+            "run_name": r.info.run_name or "",
+            "tag:feasible": r.data.tags.get(TAG_FEASIBLE, ""),
         }
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
@@ -102,9 +107,47 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     if df.empty:
         return df
     lead = ["trial_id", "loss_label", "loss", "status", "reason", "run_id", "start_time"]
+    lead += ["run_name", "tag:feasible"]
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
+
+
+def feasibility(constraints: Sequence[Constraint], df: pd.DataFrame) -> pd.Series:
+    """Whether each finished trial of `trials_frame` meets every constraint (None for trials
+    that did not finish), relative bounds from all finished trials (`_constraints.judge`)."""
+    done = df["status"] == "finished"
+    rows = [(r.get("loss_label"), r) for _, r in df[done].iterrows()]
+    out = pd.Series(None, index=df.index, dtype=object)
+    out[done] = judge(constraints, rows)
+    return out
+
+
+INFEASIBLE = " [infeasible]"  # run-name suffix of a trial that misses a constraint
+
+
+def mark_feasibility(
+    constraints: Sequence[Constraint], tracking_uri: str, experiment_id: str, parent_run_id: str
+) -> None:
+    """Tag every finished trial run ``calibtune.feasible = yes|no`` and suffix the names of
+    infeasible ones with `INFEASIBLE`, as judged now (relative bounds move as baseline trials
+    finish, so the driver calls this each time a trial ends); only changed runs are written."""
+    if not constraints:
+        return
+    ref = StudyRef("", tracking_uri, experiment_id, parent_run_id, (), tuple(constraints))
+    df = trials_frame(ref)
+    if df.empty:
+        return
+    client = _client(tracking_uri)
+    for run_id, ok, name, tag in zip(
+        df["run_id"], feasibility(constraints, df), df["run_name"], df["tag:feasible"], strict=True
+    ):
+        base = name.removesuffix(INFEASIBLE)
+        want = "yes" if ok else "no"
+        if tag != want:
+            client.set_tag(run_id, TAG_FEASIBLE, want)
+        if name != (new := base if ok else base + INFEASIBLE):
+            client.set_tag(run_id, "mlflow.runName", new)
 
 
 def _parse_param(v: str) -> Any:
@@ -141,12 +184,11 @@ def compare_table(
         return df
     df = df[df["status"] != "running"]
     objective, mode = ref.objectives[0]
-    if metrics is None:  # the objectives, then the usual columns the trials logged
-        metrics = [m for m, _ in ref.objectives] + [
-            m
-            for m in ("val/ece", "test/error", "test/ece", "test/ece@ts")
-            if m not in dict(ref.objectives) and m in df.columns
-        ]
+    if metrics is None:  # the objectives, constrained metrics, the usual logged columns
+        usual = [c.metric for c in ref.constraints] + ["val/ece", "test/error", "test/ece"]
+        metrics = [m for m, _ in ref.objectives]
+        metrics += [m for m in dict.fromkeys([*usual, "test/ece@ts"]) if m not in metrics]
+        metrics = [m for m in metrics if m in dict(ref.objectives) or m in df.columns]
     missing = [m for m in metrics if m not in df.columns]
     known = sorted(c for c in df.columns if "/" in c)
     if missing and (df["status"] == "finished").any():
@@ -158,6 +200,9 @@ def compare_table(
     params = [c for c in df.columns if c.startswith("param:")]
     reason = ["reason"] if (df["reason"] != "").any() else []
     out = df[["trial_id", "loss_label", "status", *params, *metrics, *reason]]
+    if ref.constraints:  # met every search.constraints (judged now); empty if not finished
+        out = out.copy()
+        out.insert(3, "feasible", feasibility(ref.constraints, df))
     key = sort or objective
     if key not in out.columns:
         raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
@@ -191,6 +236,14 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
             raise ValueError(
                 f"--metric: expected a metric with a direction (e.g. val/ece), got {metric!r}"
             ) from None
+    if ref.constraints:  # judged among all finished trials (the baseline's best included)
+        df = df[feasibility(ref.constraints, df).astype(bool)]
+        if df[metric].notna().sum() == 0:
+            rules = "; ".join(str(c) for c in ref.constraints)
+            raise ValueError(
+                f"search.constraints: expected a finished trial that meets them ({rules}), "
+                "got none: nothing to export"
+            )
     df = df[df[metric].notna()]
     return df.sort_values(metric, ascending=(mode == "min"), kind="stable").head(top)
 
@@ -323,6 +376,8 @@ def export_best(
     client = _client(ref.tracking_uri)
     parent_tags = client.get_run(ref.parent_run_id).data.tags
     written = []
+    rules = "; ".join(str(c) for c in ref.constraints)
+    feasible_note = f" among the trials that meet {rules}" if rules else ""
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         run_id = row["run_id"]
         seed_runs = find_runs(ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{run_id}'")
@@ -346,7 +401,8 @@ def export_best(
         target = out / f"{name}.yaml"
         header = (
             f"# exported by `calibtune export` from study {ref.name!r}, trial {row['trial_id']} "
-            f"(MLflow run {run_id}), rank {rank} by {metric or ref.objectives[0][0]}\n"
+            f"(MLflow run {run_id}), rank {rank} by {metric or ref.objectives[0][0]}"
+            f"{feasible_note}\n"
         )
         prov = _provenance(ref, row, metric or ref.objectives[0][0], target, parent_tags)
         tmp_target = target.with_suffix(".yaml.tmp")
@@ -382,8 +438,10 @@ __all__ = [
     "best_trials",
     "compare_table",
     "export_best",
+    "feasibility",
     "format_table",
     "locate_study",
+    "mark_feasibility",
     "mlflow_metric_name",
     "report_table",
     "trials_frame",

@@ -89,12 +89,14 @@ def _open_parent(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) -> 
 
 def _searcher(study: StudyConfig) -> Any:
     from ray.tune.search import ConcurrencyLimiter
-    from ray.tune.search.optuna import OptunaSearch
+
+    from calibtune.study._constrained import ConstrainedOptunaSearch
 
     objs = study.search.objectives
     metric: Any = objs[0].metric if len(objs) == 1 else [o.metric for o in objs]
     mode: Any = objs[0].mode if len(objs) == 1 else [o.mode for o in objs]
-    searcher = OptunaSearch(
+    searcher = ConstrainedOptunaSearch(
+        constraints=study.search.constraints,
         space=define_by_run(study),
         metric=metric,
         mode=mode,

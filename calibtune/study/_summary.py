@@ -70,7 +70,7 @@ def study_params(study: StudyConfig) -> dict[str, str]:
 
 def _ref(study: StudyConfig, uri: str, exp_id: str, parent_run_id: str) -> StudyRef:
     objectives = tuple((o.metric, o.mode) for o in study.search.objectives)
-    return StudyRef(study.name, uri, exp_id, parent_run_id, objectives)
+    return StudyRef(study.name, uri, exp_id, parent_run_id, objectives, study.search.constraints)
 
 
 def summarize_study(

@@ -58,7 +58,11 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
     d["seed"] = seed
     d["name"] = name
     objectives_posthoc = sorted(
-        {m for o in study.search.objectives if (m := K.parse(o.metric).method)}
+        {
+            m
+            for o in (*study.search.objectives, *study.search.constraints)
+            if (m := K.parse(o.metric).method)
+        }
     )
     ev = dict(d.get("eval") or {})
     if objectives_posthoc:

@@ -18,9 +18,11 @@ __all__ = [
     "check_port_free",
     "free_port",
     "port_number",
+    "runs_url",
     "start_dashboard",
     "start_ui",
     "stop_ui",
+    "ui_lines",
 ]
 
 
@@ -48,6 +50,31 @@ def start_dashboard(storage: str, port: int | None = None) -> tuple[subprocess.P
     return _start(
         argv, dict(os.environ), f"http://127.0.0.1:{port}", "/api/studies", "optuna-dashboard"
     )
+
+
+def runs_url(base: str, experiment_id: str) -> str:
+    """The experiment's training-runs table. MLflow 3.17 opens an experiment on its GenAI pages
+    unless the browser chose "Model training" before or the URL carries ``workflowType`` (the
+    ``mlflow.experimentKind`` tag does not decide it); checked in Chromium against 3.17.2."""
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def ui_lines(uri: str, base: str) -> list[str]:
+    """What `calibtune ui` prints: the UI's URL, then each calibtune experiment of the store
+    (tagged ``mlflow.experimentKind=custom_model_development``, newest first) with the URL that
+    opens on its runs."""
+    from mlflow.tracking import MlflowClient
+
+    from calibtune.study._tracking import EXPERIMENT_TAGS
+
+    kind = "mlflow.experimentKind"
+    exps = MlflowClient(uri).search_experiments(
+        filter_string=f"tags.`{kind}` = '{EXPERIMENT_TAGS[kind]}'",
+        order_by=["creation_time DESC"],
+    )
+    lines = [f"MLflow UI for {uri}: {base}   (Ctrl-C to stop)"]
+    lines += [f"  {e.name}: {runs_url(base, e.experiment_id)}" for e in exps]
+    return lines
 
 
 def _bin(name: str) -> str:
