@@ -21,6 +21,7 @@ from calibtune.study._config import StudyConfig
 from calibtune.study._results import (
     StudyRef,
     compare_table,
+    feasibility,
     format_table,
     report_table,
     trials_frame,
@@ -112,8 +113,12 @@ def summarize_study(
 
 
 def _log_best(client: Any, ref: StudyRef, df: Any) -> None:
+    """The best finished trial by the first objective, among those that meet the study's
+    constraints (as `export` chooses)."""
     objective, mode = ref.objectives[0]
     done = df[df["status"] == "finished"]
+    if ref.constraints:
+        done = done[feasibility(ref.constraints, df)[done.index] == True]  # noqa: E712 (object)
     if objective not in done or done[objective].notna().sum() == 0:
         return
     done = done[done[objective].notna()]
