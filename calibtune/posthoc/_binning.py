@@ -218,7 +218,7 @@ class IsotonicCalibration(PosthocCalibrator):
         # one node (or the padding beyond it): the class's map is a constant
         ok = torch.isfinite(span) & (span > 0)
         frac = torch.where(ok, (xc - x0) / torch.where(ok, span, 1.0), 0.0)
-        q = (y0 + (y1 - y0) * frac).T.clamp(0.0, 1.0)
+        q = (y0 + (y1 - y0) * frac).T.contiguous().clamp(0.0, 1.0)
         total = q.sum(1, keepdim=True)
         q = torch.where(total > 0, q / total.clamp_min(torch.finfo(q.dtype).tiny), 1 / q.shape[1])
         return mix_uniform(q, self.eps).to(z.dtype)
