@@ -392,3 +392,12 @@ def test_every_method_reports_its_error_in_the_final_evaluation(data) -> None:
         p = POSTHOC.build(name).fit(zv.float(), yv).calibrate(zt.float())
         assert out.metrics[K.key("test", "error", name)] == pytest.approx(M.error(p, yt), abs=1e-12)
         assert math.isfinite(out.metrics[K.key("test", "nll", name)])
+
+
+def test_the_shipped_comparison_study_names_every_registered_method() -> None:
+    from pathlib import Path
+
+    from calibtune.study import load_study
+
+    study = load_study(Path(__file__).parents[1] / "studies" / "posthoc_all.yaml")
+    assert sorted(study.trial["eval"]["posthoc"]) == list_posthoc()
