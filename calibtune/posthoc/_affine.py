@@ -37,6 +37,11 @@ from ._base import PosthocCalibrator
 GRAD_TOL = 1e-9
 
 
+def affine_scores(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x Wᵀ + b, with a (K,) ``w`` meaning diag(w): (N, K) scores."""
+    return x * w + b if w.dim() == 1 else x @ w.T + b
+
+
 def odir_objective(
     x: torch.Tensor,
     y: torch.Tensor,
@@ -50,8 +55,7 @@ def odir_objective(
     x (N, K) features, y (N,) labels, w (K,) diagonal or (K, K) full, b (K,). Returns a scalar.
     """
     k = x.shape[1]
-    scores = x * w + b if w.dim() == 1 else x @ w.T + b
-    loss = torch.nn.functional.cross_entropy(scores, y)
+    loss = torch.nn.functional.cross_entropy(affine_scores(x, w, b), y)
     if reg_lambda and w.dim() == 2 and k > 1:
         off = w - torch.diag_embed(torch.diagonal(w))
         loss = loss + reg_lambda * (off * off).sum() / (k * (k - 1))
@@ -124,7 +128,7 @@ def fit_odir(
     with torch.no_grad():
         w, b = unpack()
         final = float(odir_objective(x, y, w, b, reg_lambda, reg_mu))
-    n_iter = int(opt.state[opt._params[0]].get("n_iter", 0))
+    n_iter = int(opt.state[v].get("n_iter", 0))  # LBFGS keeps its state on the first param
     return w, b, final, n_iter
 
 
@@ -174,8 +178,7 @@ class _AffineCalibrator(PosthocCalibrator):
     def _calibrate(self, z: torch.Tensor) -> torch.Tensor:
         w, b = self.W.to(z.device), self.b.to(z.device)
         x = self._features(z.to(torch.float64))
-        scores = x * w + b if self.diagonal else x @ w.T + b
-        return torch.softmax(scores, dim=1).to(z.dtype)
+        return torch.softmax(affine_scores(x, w, b), dim=1).to(z.dtype)
 
     def _params(self) -> dict[str, float]:
         """Summaries, not the K² entries (a metrics log is no place for a 100×100 matrix; the
