@@ -10,12 +10,16 @@ labels drawn from softmax(z / 2)). Timed, each measured in this run on the same 
   ≤ 10 s. ``--quick`` times the naive loop on every 10th T only and extrapolates (×10, printed
   as such); its choice then comes from that coarser grid and may differ.
 * ``ts_nll``, ``ets``, ``spline``: fit times only (no grid).
+* ``--new``: only the issue-14 methods (vector/matrix scaling, Dirichlet-ODIR, histogram binning,
+  isotonic) and ``ts_nll`` as the reference, fit and calibrate (on the same N × K logits) timed
+  in alternation — each round times every method once — and reported as medians and as ratios
+  to ``ts_nll``'s fit in the same run.
 
 Both wall time and this process's CPU time are printed: on a shared, loaded machine the wall
 time of multi-threaded torch ops can be several times the CPU time. Vectorised fits report the
 median of ``--repeats`` runs after a warm-up; the naive loops run once. The chosen parameters of
 the vectorised and naive searches are printed side by side (they must agree).
-Run: ``python bench/bench_posthoc.py [--threads 2] [--n 5000] [--k 100] [--quick]``.
+Run: ``python bench/bench_posthoc.py [--threads 2] [--n 5000] [--k 100] [--quick] [--new]``.
 """
 
 from __future__ import annotations
@@ -72,6 +76,33 @@ def naive_focal_ts(
     return best[1], best[2]
 
 
+NEW_METHODS = ("vector_scaling", "matrix_scaling", "dirichlet", "hist_binning", "isotonic")
+
+
+def bench_new(z: torch.Tensor, y: torch.Tensor, repeats: int) -> None:
+    """Fit and calibrate times of the issue-14 methods, alternating methods within each round."""
+    names = ("ts_nll", *NEW_METHODS)
+    for name in names:  # warm-up
+        build_posthoc(name).fit(z, y).calibrate(z)
+    fit_s: dict[str, list[float]] = {n: [] for n in names}
+    cal_s: dict[str, list[float]] = {n: [] for n in names}
+    fitted: dict[str, Any] = {}
+    for _ in range(repeats):
+        for name in names:
+            wall, _, m = _timed(lambda name=name: build_posthoc(name).fit(z, y))
+            fit_s[name].append(wall)
+            wall, _, _ = _timed(lambda m=m: m.calibrate(z))
+            cal_s[name].append(wall)
+            fitted[name] = m
+    ref = statistics.median(fit_s["ts_nll"])
+    width = max(len(n) for n in names)
+    print(f"{'method':<{width}}  {'fit s':>8}  {'x ts_nll':>8}  {'calibrate s':>11}  params")
+    for name in names:
+        f, c = statistics.median(fit_s[name]), statistics.median(cal_s[name])
+        shown = {k: round(v, 4) for k, v in list(fitted[name].params().items())[:3]}
+        print(f"{name:<{width}}  {f:8.3f}  {f / ref:8.1f}  {c:11.4f}  {shown}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
@@ -79,6 +110,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=100, help="classes")
     ap.add_argument("--repeats", type=int, default=3, help="timed runs of each vectorised fit")
     ap.add_argument("--quick", action="store_true", help="naive focal loop on every 10th T only")
+    ap.add_argument("--new", action="store_true", help="only the issue-14 methods (+ ts_nll)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -89,6 +121,9 @@ def main() -> None:
         f"validation logits {args.n} x {args.k}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread(s)"
     )
+    if args.new:
+        bench_new(z, y, args.repeats)
+        return
     rows: list[tuple[str, float, float, str]] = []
 
     wall, cpu, ts = _median_timed(lambda: build_posthoc("ts").fit(z, y), args.repeats)

@@ -42,6 +42,9 @@ class PosthocCalibrator(ABC):
     name: str = ""
     #: the constructor's hyperparameters; each default is taken from ``__init__``'s signature
     PARAMS: ClassVar[tuple[Param, ...]] = ()
+    #: whether calibrate() keeps argmax_k of the logits for every input (a guarantee of the
+    #: method, tested on random logits); methods that can reorder classes set it to False
+    preserves_argmax: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

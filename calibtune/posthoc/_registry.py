@@ -6,7 +6,9 @@ from typing import Any
 
 from calibtune._registry import Param, Registry
 
+from ._affine import DirichletCalibration, MatrixScaling, VectorScaling
 from ._base import PosthocCalibrator
+from ._binning import HistogramBinning, IsotonicCalibration
 from ._ets import EnsembleTemperatureScaling
 from ._focal import FocalTemperatureScaling
 from ._spline import SplineCalibration
@@ -57,6 +59,38 @@ POSTHOC.add(
     SplineCalibration.from_params,
     params=SplineCalibration.PARAMS,
     summary="top-label natural cubic spline recalibration (Gupta et al. 2021)",
+)
+
+POSTHOC.add(
+    "vector_scaling",
+    VectorScaling.from_params,
+    params=VectorScaling.PARAMS,
+    summary="vector scaling softmax(v ⊙ z + b) (Guo et al. 2017), NLL + μ·mean b², L-BFGS",
+)
+POSTHOC.add(
+    "matrix_scaling",
+    MatrixScaling.from_params,
+    params=MatrixScaling.PARAMS,
+    summary="matrix scaling softmax(W z + b) (Guo et al. 2017), ODIR penalty (Kull et al. 2019)",
+)
+POSTHOC.add(
+    "dirichlet",
+    DirichletCalibration.from_params,
+    params=DirichletCalibration.PARAMS,
+    summary="Dirichlet calibration softmax(W log p + b) with ODIR (Kull et al. 2019)",
+)
+POSTHOC.add(
+    "hist_binning",
+    HistogramBinning.from_params,
+    params=HistogramBinning.PARAMS,
+    summary="top-label histogram binning, equal-mass bins per predicted class (Gupta & Ramdas "
+    "2022)",
+)
+POSTHOC.add(
+    "isotonic",
+    IsotonicCalibration.from_params,
+    params=IsotonicCalibration.PARAMS,
+    summary="one-vs-rest isotonic regression on softmax(z), renormalised",
 )
 
 
