@@ -6,65 +6,48 @@ conventions (`calibtune.metrics.binning`) and the input checks (`calibtune.metri
 are public submodules: the losses and post-hoc methods reuse them.
 """
 
-from . import binning as binning
-from . import keys as keys
-from . import validation as validation
-from ._calibration import (
-    REPORT_KEYS,
-    adaece,
-    brier,
-    calibration_report,
-    classwise_ece,
-    ece,
-    ece_debiased,
-    ece_sweep,
-    error,
-    mce,
-    nll,
-    reliability_table,
-    smece,
-)
-from ._ood import (
-    SCORES,
-    aupr_from_scores,
-    auroc_from_scores,
-    energy,
-    entropy,
-    fpr95_from_scores,
-    fpr_at_95_tpr,
-    msp,
-    ood_aupr,
-    ood_auroc,
-    ood_score,
-    roc_curve_points,
-    roc_from_scores,
-)
+from calibtune._lazy import lazy_exports
 
-__all__ = [
-    "REPORT_KEYS",
-    "SCORES",
-    "adaece",
-    "aupr_from_scores",
-    "auroc_from_scores",
-    "brier",
-    "calibration_report",
-    "classwise_ece",
-    "ece",
-    "ece_debiased",
-    "ece_sweep",
-    "energy",
-    "entropy",
-    "error",
-    "fpr95_from_scores",
-    "fpr_at_95_tpr",
-    "mce",
-    "msp",
-    "nll",
-    "ood_aupr",
-    "ood_auroc",
-    "ood_score",
-    "reliability_table",
-    "roc_curve_points",
-    "roc_from_scores",
-    "smece",
-]
+# Lazy (PEP 562): `calibtune compare/report/export` read metric names through `keys` and must
+# not pay for torch, which every other submodule imports.
+_EXPORTS = {
+    **dict.fromkeys(["binning", "keys", "validation"], ""),
+    "REPORT_KEYS": ".keys",
+    **dict.fromkeys(
+        [
+            "adaece",
+            "brier",
+            "calibration_report",
+            "classwise_ece",
+            "ece",
+            "ece_debiased",
+            "ece_sweep",
+            "error",
+            "mce",
+            "nll",
+            "reliability_table",
+            "smece",
+        ],
+        "._calibration",
+    ),
+    **dict.fromkeys(
+        [
+            "SCORES",
+            "aupr_from_scores",
+            "auroc_from_scores",
+            "energy",
+            "entropy",
+            "fpr95_from_scores",
+            "fpr_at_95_tpr",
+            "msp",
+            "ood_aupr",
+            "ood_auroc",
+            "ood_score",
+            "roc_curve_points",
+            "roc_from_scores",
+        ],
+        "._ood",
+    ),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(k for k, where in _EXPORTS.items() if where)

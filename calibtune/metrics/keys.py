@@ -26,7 +26,20 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._calibration import REPORT_KEYS
+#: the keys of `calibration_report` (a trial reports each per split and post-hoc method); defined
+#: here, not beside the metrics, so that reading metric names back does not import torch
+REPORT_KEYS = (
+    "ece",
+    "adaece",
+    "classwise_ece",
+    "mce",
+    "nll",
+    "brier",
+    "error",
+    "smece",
+    "ece_debiased",
+    "ece_sweep",
+)
 
 __all__ = [
     "ADAPTIVE_LISTS",
@@ -34,6 +47,7 @@ __all__ = [
     "HIGHER_IS_BETTER",
     "OOD_MEASURES",
     "OOD_SCORES",
+    "REPORT_KEYS",
     "RUN_KEYS",
     "SELECTABLE_PREFIXES",
     "SELECTABLE_SPLITS",

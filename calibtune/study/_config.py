@@ -443,6 +443,18 @@ def load_study(path: str | Path) -> StudyConfig:
     return parse_study(raw, str(path), text)
 
 
+def head_from_text(text: str, label: str) -> tuple[str, tuple[Objective, ...]]:
+    """Only the ``name`` and ``search.objectives`` of a study given as YAML text: reading a
+    finished study's results needs no more, and validating its trial section would import every
+    registry (torch)."""
+    try:
+        raw = _mapping(load_text(text, label), "study")
+        name = check_name(raw.get("name"), "name")
+        return name, _objectives(_mapping(raw.get("search"), "search").get("objectives"))
+    except (YamlError, ValueError) as exc:
+        raise StudyError(f"{label}: {exc}") from None
+
+
 def study_from_text(text: str, label: str) -> StudyConfig:
     """Validate a study given as YAML text (a submitted job's self-contained copy)."""
     try:

@@ -162,6 +162,14 @@ class StudyDir:
         copy = self.path / STUDY_COPY
         return study_from_text(_read(copy), str(copy))
 
+    def read_head(self) -> tuple[str, tuple[Any, ...]]:
+        """The study's name and objectives (`Objective`) from its saved copy, the rest of it not
+        re-validated (`read_study` does that)."""
+        from calibtune.study._config import head_from_text
+
+        copy = self.path / STUDY_COPY
+        return head_from_text(_read(copy), str(copy))
+
     def write_study(self, study: Any) -> None:
         """Save the study self-contained (search spaces inlined): resuming needs no other file."""
         self.path.mkdir(parents=True, exist_ok=True)
