@@ -1,0 +1,113 @@
+"""CLI answer time (issue 13, target 4): `calibtune --help` and compare/report/export on a finished
+study, each in a fresh interpreter as a user runs it.
+
+    python bench/bench_cli.py [--study quickstart --storage runs/studies] [--rounds 5]
+                              [--against OLD_CHECKOUT]
+
+Per round the cases run one after another (alternating, so load drifts hit them alike); printed:
+the median wall time of each, its ratio to the floor (a bare ``python -c pass`` and, for the
+commands that read MLflow, ``import mlflow.tracking`` — MLflow's own import, which the reading
+commands cannot avoid) and, with ``--against``, its ratio to the same command run from another
+checkout (e.g. ``git worktree add /tmp/old <rev>``). Last, the import-time top list of each
+command (``python -X importtime``: self time summed per top-level package). Without a finished
+study only ``--help`` is timed (run ``make quickstart`` first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOORS = {
+    "python -c pass": ["-c", "pass"],
+    "import mlflow.tracking": ["-c", "import mlflow.tracking"],
+}
+
+
+def _commands(study: str | None, storage: str, out: str) -> dict[str, list[str]]:
+    cmds = {"--help": ["--help"]}
+    if study:
+        where = ["--storage", storage]
+        cmds["compare"] = ["compare", study, *where]
+        cmds["report"] = ["report", study, *where]
+        cmds["export"] = ["export", study, *where, "--out", out]
+    return cmds
+
+
+def _run(args: list[str], src: Path, cwd: Path) -> float:
+    """Wall seconds of ``python ARGS`` with calibtune imported from ``src``."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True)
+    elapsed = time.perf_counter() - t
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(args)} failed: {done.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def import_top(argv: list[str], src: Path, cwd: Path, n: int = 8) -> list[tuple[str, float]]:
+    """The ``n`` top-level packages with the most import self time (ms) when running ``argv``."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    code = f"from calibtune.cli import main; main({argv!r})"
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", code], cwd=cwd, env=env, capture_output=True
+    )
+    per: dict[str, float] = defaultdict(float)
+    for line in done.stderr.decode().splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, _cum, name = line[len("import time:") :].split("|")
+        per[name.strip().split(".")[0]] += int(self_us) / 1000
+    return sorted(per.items(), key=lambda kv: -kv[1])[:n]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--study", default="quickstart", help="a finished study (default: %(default)s)")
+    p.add_argument("--storage", default=str(ROOT / "runs" / "studies"), help="its storage")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--against", type=Path, help="another checkout to time the same commands from")
+    args = p.parse_args()
+    study = args.study if (Path(args.storage) / args.study).is_dir() else None
+    if study is None:
+        print(f"no study {args.study!r} under {args.storage}: timing --help only")
+    print(f"load average before: {os.getloadavg()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cwd = Path(tmp)
+        cmds = _commands(study, args.storage, str(cwd / "exported"))
+        cases = {f"floor: {k}": (v, ROOT) for k, v in FLOORS.items()}
+        for name, argv in cmds.items():
+            cases[name] = (["-m", "calibtune", *argv], ROOT)
+            if args.against:
+                cases[f"{name} (against)"] = (["-m", "calibtune", *argv], args.against.resolve())
+        times: dict[str, list[float]] = defaultdict(list)
+        for _ in range(args.rounds):
+            for name, (argv, src) in cases.items():
+                times[name].append(_run(argv, src, cwd))
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"load average after: {os.getloadavg()}; {args.rounds} rounds, median wall time")
+        bare, mlflow = med["floor: python -c pass"], med["floor: import mlflow.tracking"]
+        for name in cmds:
+            line = f"{name:<10} {med[name]:6.2f} s   {med[name] / bare:5.1f}× python -c pass"
+            if name != "--help":
+                line += f"   {med[name] / mlflow:4.2f}× import mlflow.tracking"
+            if args.against:
+                line += f"   {med[f'{name} (against)'] / med[name]:5.1f}× faster than --against"
+            print(line)
+        print(f"floors: python -c pass {bare:.2f} s, import mlflow.tracking {mlflow:.2f} s")
+        for name, argv in cmds.items():
+            top = import_top(argv, ROOT, cwd)
+            print(f"import time, {name}: " + ", ".join(f"{k} {ms:.0f} ms" for k, ms in top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
