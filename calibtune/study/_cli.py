@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -307,7 +308,6 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 
 
 def _cmd_ui(args: argparse.Namespace) -> int:
-
     with usage():
         uri = resolve_tracking_uri(args.tracking_uri)
         key = "--tracking-uri" if args.tracking_uri else "tracking store (default ./mlflow.db)"
@@ -319,17 +319,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         check_tracking_uri(uri, key, must_exist=True)
         if args.port is not None:
             check_port_free(args.port)
-    try:
-        proc, url = start_ui(uri, args.port)
-    except RuntimeError as exc:
-        print(f"calibtune ui: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 1
-    print(f"MLflow UI for {uri}: {url}   (Ctrl-C to stop)", flush=True)
-    try:
-        proc.wait()
-    except KeyboardInterrupt:
-        stop_ui(proc)
-    return 0
+    return _serve("ui", f"MLflow UI for {uri}", lambda: start_ui(uri, args.port))
 
 
 # ------------------------------------------------------------------------------- dashboard
@@ -354,12 +344,20 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
             )
         if args.port is not None:
             check_port_free(args.port)
+    return _serve(
+        "dashboard", f"optuna-dashboard for {storage}", lambda: start_dashboard(storage, args.port)
+    )
+
+
+def _serve(command: str, what: str, start: Callable[[], tuple[Any, str]]) -> int:
+    """Start a server process (``start() -> (process, URL)``), print its URL and wait for it;
+    Ctrl-C stops it. Exit code 1, with the reason, when it does not come up."""
     try:
-        proc, url = start_dashboard(storage, args.port)
+        proc, url = start()
     except RuntimeError as exc:
-        print(f"calibtune dashboard: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        print(f"calibtune {command}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
         return 1
-    print(f"optuna-dashboard for {storage}: {url}   (Ctrl-C to stop)", flush=True)
+    print(f"{what}: {url}   (Ctrl-C to stop)", flush=True)
     try:
         proc.wait()
     except KeyboardInterrupt:
