@@ -12,6 +12,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+# Lazy: Ray Tune's Callback base class, only when a study builds its Tune callback, so that the
+# CLI imports this module (progress lines, quiet output) without Ray (bench/bench_cli.py).
+
 __all__ = ["Counts", "EpochLines", "clear_line", "live_display", "quiet_output", "status_line"]
 
 _CLEAR = "\r\x1b[K"

@@ -30,9 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
 from calibtune._yaml import load_text
+
+# Lazy: `_config` and `_spaces` (Optuna; the registries and torch when a whole study is
+# validated) are imported by the methods that read a study, so that `calibtune --help` stays
+# light (bench/bench_cli.py).
 
 __all__ = [
     "STATE_FILE",
@@ -255,8 +261,6 @@ def _is_tuner_pickle(path: Path) -> bool:
 
 def self_contained(study: Any) -> str:
     """The study's YAML with its search-space files inlined (``name`` + ``params``)."""
-    import yaml
-
     from calibtune.study._spaces import load_yaml
 
     raw = load_text(study.text, "study")
