@@ -5,7 +5,7 @@ study, each in a fresh interpreter as a user runs it.
                               [--against OLD_CHECKOUT]
 
 Per round the cases run one after another (alternating, so load drifts hit them alike); printed:
-the median wall time of each, its ratio to the floor (a bare ``python -c pass`` and, for the
+the median wall and CPU time of each, its ratio to the floor (a bare ``python -c pass`` and, for the
 commands that read MLflow, ``import mlflow.tracking`` — MLflow's own import, which the reading
 commands cannot avoid) and, with ``--against``, its ratio to the same command run from another
 checkout (e.g. ``git worktree add /tmp/old <rev>``). Last, the import-time top list of each
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,15 +43,22 @@ def _commands(study: str | None, storage: str, out: str) -> dict[str, list[str]]
     return cmds
 
 
-def _run(args: list[str], src: Path, cwd: Path) -> float:
-    """Wall seconds of ``python ARGS`` with calibtune imported from ``src``."""
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _run(args: list[str], src: Path, cwd: Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of ``python ARGS`` with calibtune imported from
+    ``src``. On a loaded machine the CPU time is the better guess of an idle machine's wall time
+    (the process waits for a core, not for I/O)."""
     env = {**os.environ, "PYTHONPATH": str(src)}
-    t = time.perf_counter()
+    t, c = time.perf_counter(), _cpu()
     done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True)
-    elapsed = time.perf_counter() - t
+    elapsed, cpu = time.perf_counter() - t, _cpu() - c
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(args)} failed: {done.stderr.decode()[-500:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def import_top(argv: list[str], src: Path, cwd: Path, n: int = 8) -> list[tuple[str, float]]:
@@ -89,20 +97,29 @@ def main() -> int:
             if args.against:
                 cases[f"{name} (against)"] = (["-m", "calibtune", *argv], args.against.resolve())
         times: dict[str, list[float]] = defaultdict(list)
+        cpus: dict[str, list[float]] = defaultdict(list)
         for _ in range(args.rounds):
             for name, (argv, src) in cases.items():
-                times[name].append(_run(argv, src, cwd))
+                wall, cpu = _run(argv, src, cwd)
+                times[name].append(wall)
+                cpus[name].append(cpu)
         med = {k: statistics.median(v) for k, v in times.items()}
+        cpu = {k: statistics.median(v) for k, v in cpus.items()}
         print(f"load average after: {os.getloadavg()}; {args.rounds} rounds, median wall time")
         bare, mlflow = med["floor: python -c pass"], med["floor: import mlflow.tracking"]
         for name in cmds:
-            line = f"{name:<10} {med[name]:6.2f} s   {med[name] / bare:5.1f}× python -c pass"
+            line = (
+                f"{name:<10} {med[name]:6.2f} s (CPU {cpu[name]:5.2f} s)   "
+                f"{med[name] / bare:5.1f}× python -c pass"
+            )
             if name != "--help":
                 line += f"   {med[name] / mlflow:4.2f}× import mlflow.tracking"
             if args.against:
                 line += f"   {med[f'{name} (against)'] / med[name]:5.1f}× faster than --against"
             print(line)
-        print(f"floors: python -c pass {bare:.2f} s, import mlflow.tracking {mlflow:.2f} s")
+        for name in FLOORS:
+            k = f"floor: {name}"
+            print(f"floor {name}: {med[k]:.2f} s (CPU {cpu[k]:.2f} s)")
         for name, argv in cmds.items():
             top = import_top(argv, ROOT, cwd)
             print(f"import time, {name}: " + ", ".join(f"{k} {ms:.0f} ms" for k, ms in top))
