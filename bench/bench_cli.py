@@ -4,10 +4,11 @@ study, each in a fresh interpreter as a user runs it.
     python bench/bench_cli.py [--study quickstart --storage runs/studies] [--rounds 5]
                               [--against OLD_CHECKOUT]
 
-Per round the cases run one after another (alternating, so load drifts hit them alike); printed:
-the median wall and CPU time of each, its ratio to the floor (a bare ``python -c pass`` and, for the
-commands that read MLflow, ``import mlflow.tracking`` — MLflow's own import, which the reading
-commands cannot avoid) and, with ``--against``, its ratio to the same command run from another
+Per round the cases run one after another (alternating, so load drifts hit them alike).
+Printed: the median wall and CPU time of each; its ratio to the floors (a bare
+``python -c pass``; for the commands that read MLflow, ``import mlflow.tracking`` and an MLflow
+client opening the study's store — MLflow's own import and SQL store set-up, which the reading
+commands cannot avoid); with ``--against``, its ratio to the same command run from another
 checkout (e.g. ``git worktree add /tmp/old <rev>``). Last, the import-time top list of each
 command (``python -X importtime``: self time summed per top-level package). Without a finished
 study only ``--help`` is timed (run ``make quickstart`` first).
@@ -16,6 +17,7 @@ study only ``--help`` is timed (run ``make quickstart`` first).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import resource
 import statistics
@@ -27,6 +29,11 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+STORE_FLOOR = "MLflow client on the store"
+STORE_CODE = (
+    "from mlflow.tracking import MlflowClient; "
+    "MlflowClient(tracking_uri={uri!r}).search_experiments(max_results=1)"
+)
 FLOORS = {
     "python -c pass": ["-c", "pass"],
     "import mlflow.tracking": ["-c", "import mlflow.tracking"],
@@ -91,7 +98,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         cmds = _commands(study, args.storage, str(cwd / "exported"))
-        cases = {f"floor: {k}": (v, ROOT) for k, v in FLOORS.items()}
+        floors = dict(FLOORS)
+        if study:  # MLflow's client opening the study's store: the reading commands' own floor
+            uri = json.loads((Path(args.storage) / study / "calibtune_study.json").read_text())
+            floors[STORE_FLOOR] = ["-c", STORE_CODE.format(uri=uri["tracking_uri"])]
+        cases = {f"floor: {k}": (v, ROOT) for k, v in floors.items()}
         for name, argv in cmds.items():
             cases[name] = (["-m", "calibtune", *argv], ROOT)
             if args.against:
@@ -114,10 +125,11 @@ def main() -> int:
             )
             if name != "--help":
                 line += f"   {med[name] / mlflow:4.2f}× import mlflow.tracking"
+                line += f"   CPU {cpu[name] / cpu[f'floor: {STORE_FLOOR}']:4.2f}× MLflow client"
             if args.against:
                 line += f"   {med[f'{name} (against)'] / med[name]:5.1f}× faster than --against"
             print(line)
-        for name in FLOORS:
+        for name in floors:
             k = f"floor: {name}"
             print(f"floor {name}: {med[k]:.2f} s (CPU {cpu[k]:.2f} s)")
         for name, argv in cmds.items():
