@@ -105,3 +105,25 @@ def test_compare_report_export_read_a_study_without_torch_or_ray(tmp_path: Path)
     assert "t0001" in (tmp_path / "report.md").read_text()
     exported = yaml.safe_load((out / "fast-cross_entropy-top1.yaml").read_text())
     assert exported["model"] == {"name": "mlp"}
+
+
+def test_read_head_takes_name_and_objectives_without_validating_the_rest(tmp_path: Path) -> None:
+    from calibtune.study._config import StudyError
+    from calibtune.study._studydir import STUDY_COPY, StudyDir
+
+    sd = StudyDir.at("fast", tmp_path)
+    sd.path.mkdir(parents=True)
+    copy = sd.path / STUDY_COPY
+    objectives = ["val/ece", {"metric": "val/nll", "mode": "max"}]
+    trial = {"model": {"name": "no_such_model"}}  # read_study() refuses this; read_head() skips it
+    copy.write_text(
+        yaml.safe_dump({"name": "fast", "trial": trial, "search": {"objectives": objectives}})
+    )
+    name, objs = sd.read_head()
+    assert name == "fast"
+    assert [(o.metric, o.mode) for o in objs] == [("val/ece", "min"), ("val/nll", "max")]
+    with pytest.raises(StudyError, match="no_such_model"):
+        sd.read_study()
+    copy.write_text(yaml.safe_dump({"name": "fast", "search": {"objectives": ["test/ece"]}}))
+    with pytest.raises(StudyError, match=r"objectives\[0\]\.metric: expected a validation metric"):
+        sd.read_head()
