@@ -17,7 +17,7 @@ installed ones (`version_drift`) and warns in one line when they differ.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from importlib import metadata
 from typing import Any
 
@@ -36,11 +36,11 @@ _HEAD = "# provenance:"
 _INDENT = "#   "
 
 
-def installed_versions() -> dict[str, str]:
-    """``__version__`` of each of `LIBRARIES` as imported (as the study's parent run records
+def installed_versions(names: Iterable[str] = LIBRARIES) -> dict[str, str]:
+    """``__version__`` of each of ``names`` as imported (as the study's parent run records
     them: ``torch`` with its local part, e.g. ``2.14.1+cu130``); ``"missing"`` if absent."""
     out = {}
-    for name in LIBRARIES:
+    for name in names:
         try:
             out[name] = str(importlib.import_module(name).__version__)
         except ImportError:

@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import yaml
+
 __all__ = ["UsageError", "bad_input_message", "usage"]
 
 
@@ -18,8 +20,6 @@ def bad_input_message(exc: BaseException, path: str | os.PathLike[str] | None = 
     or misplaced file, bytes that are not UTF-8, YAML that does not parse), else None.
 
     ``path`` names the file being read when the exception does not (UnicodeDecodeError)."""
-    import yaml
-
     name = getattr(exc, "filename", None) or path or "input"
     if isinstance(exc, UnicodeDecodeError):
         return f"{name}: expected UTF-8 text, got a byte it cannot decode at offset {exc.start}"

@@ -9,11 +9,21 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from calibtune._commands import Command, OneOf, add_commands, arg
+from calibtune._provenance import installed_versions, read_provenance, version_drift
 from calibtune._usage import UsageError, bad_input_message
+from calibtune.metrics import keys as K
+from calibtune.study._cli import COMMANDS as STUDY_COMMANDS
+from calibtune.study._display import quiet_output, train_progress
+from calibtune.study._preflight import check_storage
+from calibtune.study._raycluster import init_ray
+
+# Lazy: `calibtune.trial` (torch, Ray) is imported by `train` alone, so that `calibtune --help`
+# and the study subcommands start in a fraction of a second (bench/bench_cli.py).
 
 __all__ = ["SUBCOMMANDS", "build_parser", "format_metrics_table", "main"]
 
@@ -26,72 +36,13 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)\n")
 
 
-def _add_train(sub: Any) -> None:
-    p = sub.add_parser(
-        "train",
-        help="run one trial (training, calibration, OOD evaluation) through Ray Train",
-        description=(
-            "Run one trial described by a trial-config YAML file (format: docs/trial.md) "
-            "through Ray Train, print the final metrics table and leave checkpoints and "
-            "artifacts under <storage_path>/<name>/. Re-running the same config resumes from "
-            "its latest checkpoint."
-        ),
-    )
-    p.add_argument("config", metavar="CONFIG.yaml", help="trial-config YAML file")
-    p.add_argument(
-        "--num-workers",
-        type=int,
-        metavar="N",
-        help="Ray Train workers (overrides scaling.num_workers; 0 = in-process local mode)",
-    )
-    gpu = p.add_mutually_exclusive_group()
-    gpu.add_argument(
-        "--use-gpu",
-        dest="use_gpu",
-        action="store_true",
-        default=None,
-        help="one GPU per worker (overrides scaling.use_gpu)",
-    )
-    gpu.add_argument(
-        "--no-use-gpu",
-        dest="use_gpu",
-        action="store_false",
-        help="CPU only (scaling.use_gpu=false)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override one config value, VALUE parsed as YAML (repeatable), "
-        "e.g. --set train.epochs=5 --set loss.params.gamma=3",
-    )
-    p.add_argument("--storage-path", help="directory for trial folders (overrides storage_path)")
-    p.add_argument("--name", help="trial name = its folder under the storage path (overrides name)")
-    p.add_argument(
-        "--all-metrics",
-        action="store_true",
-        help="print every final metric (default: the main ones per method)",
-    )
-    p.add_argument("--verbose", action="store_true", help="Ray's worker prefixes and logs")
-    p.set_defaults(func=_cmd_train)
-
-
-#: subcommand name -> function adding its parser; the study service registers its own here.
-SUBCOMMANDS: dict[str, Callable[[Any], None]] = {"train": _add_train}
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="calibtune",
         description="Calibration-aware training and hyperparameter studies on Ray.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    from calibtune.study._cli import COMMANDS as study_commands
-
-    for add in {**SUBCOMMANDS, **study_commands}.values():
-        add(sub)
+    add_commands(sub, {**SUBCOMMANDS, **STUDY_COMMANDS})
     return parser
 
 
@@ -105,8 +56,6 @@ def _row(label: str, values: Sequence[float | None], scale: float, width: int) -
 
 
 def _parsed(metrics: dict[str, float]) -> list[Any]:
-    from calibtune.metrics import keys as K
-
     out = []
     for k in metrics:
         try:
@@ -139,8 +88,6 @@ def format_metrics_table(metrics: dict[str, float], all_metrics: bool = False) -
 
 
 def _ood_lines(metrics: dict[str, float], ood: list[Any], all_metrics: bool) -> list[str]:
-    from calibtune.metrics import keys as K
-
     sources = sorted({K.ood_source(k.ood, k.severity) for k in ood})
     if not sources:
         return []
@@ -157,7 +104,6 @@ def _ood_lines(metrics: dict[str, float], ood: list[Any], all_metrics: bool) -> 
 
 def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
     """The validated trial config of `calibtune train`, its storage folder checked."""
-    from calibtune.study._preflight import check_storage
     from calibtune.trial import load_config
 
     path = args.config
@@ -180,8 +126,6 @@ def _train_config(args: argparse.Namespace, overrides: list[str]) -> Any:
 def _warn_version_drift(path: str) -> None:
     """One line on stderr when an exported config's recorded library versions differ from the
     installed ones (the results may then differ from the study's)."""
-    from calibtune._provenance import installed_versions, read_provenance, version_drift
-
     try:
         prov = read_provenance(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
@@ -196,9 +140,6 @@ def _warn_version_drift(path: str) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from calibtune.study._display import quiet_output, train_progress
-    from calibtune.study._raycluster import init_ray
-
     if not args.verbose:
         quiet_output()
     from calibtune.trial import TrialFailedError, run
@@ -232,6 +173,61 @@ def _cmd_train(args: argparse.Namespace) -> int:
     print(format_metrics_table(result.metrics, args.all_metrics))
     print(f"\n{result.epochs_completed} epochs; artifacts in {result.artifacts_dir}")
     return 0
+
+
+#: subcommand name -> `Command`; the study service's come from `calibtune.study._cli`.
+SUBCOMMANDS: dict[str, Command] = {
+    "train": Command(
+        "run one trial (training, calibration, OOD evaluation) through Ray Train",
+        _cmd_train,
+        (
+            arg("config", metavar="CONFIG.yaml", help="trial-config YAML file"),
+            arg(
+                "--num-workers",
+                type=int,
+                metavar="N",
+                help="Ray Train workers (overrides scaling.num_workers; 0 = in-process local mode)",
+            ),
+            OneOf(
+                (
+                    arg(
+                        "--use-gpu",
+                        dest="use_gpu",
+                        action="store_true",
+                        default=None,
+                        help="one GPU per worker (overrides scaling.use_gpu)",
+                    ),
+                    arg(
+                        "--no-use-gpu",
+                        dest="use_gpu",
+                        action="store_false",
+                        help="CPU only (scaling.use_gpu=false)",
+                    ),
+                )
+            ),
+            arg(
+                "--set",
+                dest="overrides",
+                action="append",
+                default=[],
+                metavar="KEY.PATH=VALUE",
+                help="override one config value, VALUE parsed as YAML (repeatable), "
+                "e.g. --set train.epochs=5 --set loss.params.gamma=3",
+            ),
+            arg("--storage-path", help="directory for trial folders (overrides storage_path)"),
+            arg("--name", help="trial name = its folder under the storage path (overrides name)"),
+            arg(
+                "--all-metrics",
+                action="store_true",
+                help="print every final metric (default: the main ones per method)",
+            ),
+            arg("--verbose", action="store_true", help="Ray's worker prefixes and logs"),
+        ),
+        "Run one trial described by a trial-config YAML file (format: docs/trial.md) through "
+        "Ray Train, print the final metrics table and leave checkpoints and artifacts under "
+        "<storage_path>/<name>/. Re-running the same config resumes from its latest checkpoint.",
+    ),
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,9 @@ from torch.utils.data import TensorDataset
 
 from ._common import BatchAugment, Splits, stratified_holdout, validation_count
 
+# Lazy: scikit-learn and mnist1d (each ~1/3 of torch's own import time on the dev box) are
+# imported by the loader that needs them, so that `calibtune train` on other data skips them.
+
 __all__ = [
     "DIGITS_TEST_FRACTION",
     "digits_arrays",

@@ -25,6 +25,9 @@ from ._common import DatasetNotFoundError, NormalizedImages, OODSet, resolve_roo
 from ._datasets import DATASETS, dataset_shape, dataset_stats
 from ._embedded import digits_arrays
 
+# Lazy: SciPy's .mat reader (SVHN) and scikit-learn's sample photos are imported by the OOD
+# sets that use them, so that `calibtune train` without those sets skips them.
+
 __all__ = [
     "CIFAR10C_CORRUPTIONS",
     "DIGITS_NOISE_STD",

@@ -8,91 +8,61 @@ conventions (`calibtune.metrics.binning`) and the input checks (`calibtune.metri
 are public submodules: the losses and post-hoc methods reuse them.
 """
 
-from . import binning as binning
-from . import keys as keys
-from . import validation as validation
-from ._bootstrap import (
-    bootstrap_indices,
-    bootstrap_report,
-    bootstrap_top_label,
-    bootstrap_values,
-    percentile_ci,
-)
-from ._calibration import (
-    REPORT_KEYS,
-    adaece,
-    brier,
-    calibration_report,
-    classwise_ece,
-    ece,
-    ece_debiased,
-    ece_sweep,
-    error,
-    mce,
-    nll,
-    reliability_table,
-    smece,
-)
-from ._ood import (
-    SCORES,
-    aupr_from_scores,
-    auroc_from_scores,
-    energy,
-    entropy,
-    fpr95_from_scores,
-    fpr_at_95_tpr,
-    msp,
-    ood_aupr,
-    ood_auroc,
-    ood_score,
-    roc_curve_points,
-    roc_from_scores,
-)
-from ._selective import (
-    SELECTIVE_KEYS,
-    augrc,
-    aurc,
-    refinement_nll,
-    risk_coverage,
-    selective_report,
-)
+from calibtune._lazy import lazy_exports
 
-__all__ = [
-    "REPORT_KEYS",
-    "SCORES",
-    "SELECTIVE_KEYS",
-    "adaece",
-    "augrc",
-    "aupr_from_scores",
-    "aurc",
-    "auroc_from_scores",
-    "bootstrap_indices",
-    "bootstrap_report",
-    "bootstrap_top_label",
-    "bootstrap_values",
-    "brier",
-    "calibration_report",
-    "classwise_ece",
-    "ece",
-    "ece_debiased",
-    "ece_sweep",
-    "energy",
-    "entropy",
-    "error",
-    "fpr95_from_scores",
-    "fpr_at_95_tpr",
-    "mce",
-    "msp",
-    "nll",
-    "ood_aupr",
-    "ood_auroc",
-    "ood_score",
-    "percentile_ci",
-    "refinement_nll",
-    "reliability_table",
-    "risk_coverage",
-    "roc_curve_points",
-    "roc_from_scores",
-    "selective_report",
-    "smece",
-]
+# Lazy (PEP 562): `calibtune compare/report/export` read metric names through `keys` and must
+# not pay for torch, which every other submodule imports.
+_EXPORTS = {
+    **dict.fromkeys(["binning", "keys", "validation"], ""),
+    **dict.fromkeys(["REPORT_KEYS", "SELECTIVE_KEYS"], ".keys"),
+    **dict.fromkeys(
+        [
+            "bootstrap_indices",
+            "bootstrap_report",
+            "bootstrap_top_label",
+            "bootstrap_values",
+            "percentile_ci",
+        ],
+        "._bootstrap",
+    ),
+    **dict.fromkeys(
+        ["augrc", "aurc", "refinement_nll", "risk_coverage", "selective_report"], "._selective"
+    ),
+    **dict.fromkeys(
+        [
+            "adaece",
+            "brier",
+            "calibration_report",
+            "classwise_ece",
+            "ece",
+            "ece_debiased",
+            "ece_sweep",
+            "error",
+            "mce",
+            "nll",
+            "reliability_table",
+            "smece",
+        ],
+        "._calibration",
+    ),
+    **dict.fromkeys(
+        [
+            "SCORES",
+            "aupr_from_scores",
+            "auroc_from_scores",
+            "energy",
+            "entropy",
+            "fpr95_from_scores",
+            "fpr_at_95_tpr",
+            "msp",
+            "ood_aupr",
+            "ood_auroc",
+            "ood_score",
+            "roc_curve_points",
+            "roc_from_scores",
+        ],
+        "._ood",
+    ),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(k for k, where in _EXPORTS.items() if where)

@@ -28,8 +28,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ._calibration import REPORT_KEYS
 from .binning import equal_mass_order, equal_mass_sizes, equal_width_ids
+from .keys import REPORT_KEYS
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
 __all__ = [

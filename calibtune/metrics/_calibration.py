@@ -380,20 +380,6 @@ def reliability_table(
     }
 
 
-REPORT_KEYS = (
-    "ece",
-    "adaece",
-    "classwise_ece",
-    "mce",
-    "nll",
-    "brier",
-    "error",
-    "smece",
-    "ece_debiased",
-    "ece_sweep",
-)
-
-
 def calibration_report(
     logits: ArrayLike | None = None,
     probs: ArrayLike | None = None,

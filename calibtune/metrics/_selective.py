@@ -27,11 +27,10 @@ from __future__ import annotations
 
 import torch
 
+from .keys import SELECTIVE_KEYS
 from .validation import ArrayLike, logits_labels, probs_labels
 
 __all__ = ["SELECTIVE_KEYS", "augrc", "aurc", "refinement_nll", "risk_coverage", "selective_report"]
-
-SELECTIVE_KEYS = ("aurc", "augrc")
 
 _F64 = torch.float64
 

@@ -33,8 +33,22 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from ._calibration import REPORT_KEYS
-from ._selective import SELECTIVE_KEYS
+#: the keys of `calibration_report` (a trial reports each per split and post-hoc method); defined
+#: here, not beside the metrics, so that reading metric names back does not import torch
+REPORT_KEYS = (
+    "ece",
+    "adaece",
+    "classwise_ece",
+    "mce",
+    "nll",
+    "brier",
+    "error",
+    "smece",
+    "ece_debiased",
+    "ece_sweep",
+)
+#: selective-classification metrics (`calibtune.metrics.selective_report`)
+SELECTIVE_KEYS = ("aurc", "augrc")
 
 __all__ = [
     "ADAPTIVE_LISTS",
@@ -45,6 +59,7 @@ __all__ = [
     "HIGHER_IS_BETTER",
     "OOD_MEASURES",
     "OOD_SCORES",
+    "REPORT_KEYS",
     "RUN_KEYS",
     "SELECTABLE_PREFIXES",
     "SELECTABLE_SPLITS",

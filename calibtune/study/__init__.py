@@ -5,44 +5,32 @@ Ray Tune's `OptunaSearch` over the trial engine; `resume_study` restores an inte
 `calibtune.study._results` reads studies back from MLflow (compare, report, export).
 """
 
-from ._config import Objective, SearchConfig, StudyConfig, StudyError, load_study, parse_study
-from ._results import (
-    StudyNotFoundError,
-    compare_table,
-    export_best,
-    locate_study,
-    report_table,
-    trials_frame,
-)
-from ._search import StudyOutcome, resume_study, run_study
-from ._spaces import LossSpace, Space, SpaceError, load_loss_space, parse_loss_space
-from ._studydir import StudyDir, StudyDirError, StudyLockedError
-from ._tracking import default_tracking_uri, mlflow_metric_name
+from calibtune._lazy import lazy_exports
 
-__all__ = [
-    "LossSpace",
-    "Objective",
-    "SearchConfig",
-    "Space",
-    "SpaceError",
-    "StudyConfig",
-    "StudyDir",
-    "StudyDirError",
-    "StudyError",
-    "StudyLockedError",
-    "StudyNotFoundError",
-    "StudyOutcome",
-    "compare_table",
-    "default_tracking_uri",
-    "export_best",
-    "load_loss_space",
-    "load_study",
-    "locate_study",
-    "mlflow_metric_name",
-    "parse_loss_space",
-    "parse_study",
-    "report_table",
-    "resume_study",
-    "run_study",
-    "trials_frame",
-]
+# Lazy (PEP 562): `calibtune --help` and compare/report/export import submodules of this package
+# and must not pay for Ray and torch, which `_search` and `_config` pull in.
+_EXPORTS = {
+    **dict.fromkeys(
+        ["Objective", "SearchConfig", "StudyConfig", "StudyError", "load_study", "parse_study"],
+        "._config",
+    ),
+    **dict.fromkeys(
+        [
+            "StudyNotFoundError",
+            "compare_table",
+            "export_best",
+            "locate_study",
+            "report_table",
+            "trials_frame",
+        ],
+        "._results",
+    ),
+    **dict.fromkeys(["StudyOutcome", "resume_study", "run_study"], "._search"),
+    **dict.fromkeys(
+        ["LossSpace", "Space", "SpaceError", "load_loss_space", "parse_loss_space"], "._spaces"
+    ),
+    **dict.fromkeys(["StudyDir", "StudyDirError", "StudyLockedError"], "._studydir"),
+    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "._tracking"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

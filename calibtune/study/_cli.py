@@ -13,57 +13,53 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibtune._commands import Command, arg
 from calibtune._usage import usage
+from calibtune.study._display import quiet_output
 from calibtune.study._jobs import follow, job_client, project_root, submit_job
+from calibtune.study._preflight import (
+    check_dir,
+    check_out_file,
+    check_tracking_uri,
+    preflight_resume,
+    preflight_run,
+    preflight_submit,
+)
+from calibtune.study._studydir import StudyDir, default_storage, self_contained
+from calibtune.study._tracking import resolve_tracking_uri
 from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
+# Lazy: `_config` (Optuna), `_results` (pandas) and `_search` (Ray, torch) are imported by the
+# subcommands that use them, so that `calibtune --help` and compare/report/export start fast
+# (bench/bench_cli.py).
 
-def _common_tracking(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI (default: the study's tracking.uri, else sqlite:///<cwd>/mlflow.db)",
-    )
+# ------------------------------------------------------------------------------- shared options
 
-
-def _storage(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--storage",
-        metavar="PATH",
-        help="directory holding study state (default: the study's storage:, else ./runs/studies)",
-    )
-
-
-# ------------------------------------------------------------------------------- run
-
-
-def _add_run(sub: Any) -> None:
-    p = sub.add_parser(
-        "run",
-        help="run a study (Ray Tune + Optuna), logging every trial to MLflow",
-        description=(
-            "Validate STUDY.yaml, start (or connect to) Ray, search with Optuna through Ray "
-            "Tune and log one MLflow parent run per study and one child run per trial. Running "
-            "a study whose storage already holds it continues it (like `calibtune resume`). "
-            "Prints progress, then the comparison table."
-        ),
-    )
-    p.add_argument("study", metavar="STUDY.yaml", nargs="?")
-    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    _common_tracking(p)
-    _storage(p)
-    _verbosity(p)
-    # `calibtune submit` passes the study's self-contained YAML in this environment variable
-    p.add_argument("--study-env", help=argparse.SUPPRESS)
-    p.set_defaults(func=_cmd_run)
-
-
-def _verbosity(p: Any) -> None:
-    p.add_argument(
+TRACKING = arg(
+    "--tracking-uri",
+    help="MLflow tracking URI (default: the study's tracking.uri, else sqlite:///<cwd>/mlflow.db)",
+)
+STORAGE = arg(
+    "--storage",
+    metavar="PATH",
+    help="directory holding study state (default: the study's storage:, else ./runs/studies)",
+)
+RAY_ADDRESS = arg("--address", help="Ray cluster address (default: start a local Ray)")
+DASHBOARD_ADDRESS = arg("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
+VERBOSITY = (
+    arg(
         "--verbose",
         action="store_true",
         help="show Ray's own output (Tune's tables, Ray's logs, worker logs)",
-    )
-    p.add_argument("--quiet", action="store_true", help="the default (kept for old scripts)")
+    ),
+    arg("--quiet", action="store_true", help="the default (kept for old scripts)"),
+)
+FORMAT = arg("--format", choices=("markdown", "csv"), default="markdown")
+PORT = arg("--port", type=port_number, help="port 1-65535 (default: a free one)")
+JOB_ID = arg("job_id", metavar="JOB_ID")
+
+
+# ------------------------------------------------------------------------------- run
 
 
 def _setup_line(study: Any, address: str | None, tracking_uri: str | None) -> None:
@@ -125,8 +121,6 @@ def _exit_code(outcome: Any) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from calibtune.study import load_study, run_study
-    from calibtune.study._display import quiet_output
-    from calibtune.study._preflight import preflight_run
 
     if not args.verbose:
         quiet_output()  # before the preflight opens the store (MLflow logs its migrations)
@@ -158,27 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- resume
 
 
-def _add_resume(sub: Any) -> None:
-    p = sub.add_parser(
-        "resume",
-        help="restore an interrupted study and finish its unfinished and errored trials",
-        description=(
-            "Tuner.restore a study from its storage directory (or its name under --storage), "
-            "finishing unfinished and errored trials; MLflow logging continues in the same parent "
-            "and child runs."
-        ),
-    )
-    p.add_argument("study", metavar="STUDY_NAME|PATH")
-    p.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
-    _storage(p)
-    _verbosity(p)
-    p.set_defaults(func=_cmd_resume)
-
-
 def _cmd_resume(args: argparse.Namespace) -> int:
     from calibtune.study import resume_study
-    from calibtune.study._display import quiet_output
-    from calibtune.study._preflight import preflight_resume
 
     if not args.verbose:
         quiet_output()
@@ -194,27 +169,10 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- tables
 
 
-def _add_compare(sub: Any) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="table of a study's trials: parameters and chosen metrics",
-        description="One row per finished trial: its loss, hyperparameters and metrics.",
-    )
-    p.add_argument("study", metavar="STUDY", help="study YAML, storage directory or name")
-    p.add_argument("--metrics", help="comma-separated metric names (default: objectives + main)")
-    p.add_argument("--sort", help="column to sort by (default: the first objective, best first)")
-    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
-    _storage(p)
-    _common_tracking(p)
-    p.set_defaults(func=_cmd_compare)
-
-
 def _finished_study(args: argparse.Namespace) -> Any:
     """The `StudyRef` of compare/report/export: its tracking store checked (exists, answers)
     and holding at least one finished trial; else a one-line ValueError."""
-    from calibtune.study._preflight import check_tracking_uri
     from calibtune.study._results import locate_study, trials_frame
-    from calibtune.study._tracking import resolve_tracking_uri
 
     if args.tracking_uri:
         uri = resolve_tracking_uri(args.tracking_uri)
@@ -241,31 +199,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_report(sub: Any) -> None:
-    p = sub.add_parser(
-        "report",
-        help="the papers' table: per loss, error and ECE pre/post TS, focal TS, OOD AUROC",
-        description=(
-            "Per loss (its best trial by the study objective, on validation): test error, ECE, "
-            "AdaECE and classwise ECE before and after temperature scaling (optimal T in "
-            "brackets), ECE after focal temperature scaling and OOD AUROC; values in %."
-        ),
-    )
-    p.add_argument("study", metavar="STUDY")
-    p.add_argument("--format", choices=("markdown", "csv"), default="markdown")
-    p.add_argument("--out", metavar="FILE", help="also write the table to FILE")
-    p.add_argument(
-        "--baseline",
-        metavar="LOSS",
-        help="instead: each loss vs this one (ECE, AdaECE, error differences, paired bootstrap)",
-    )
-    _storage(p)
-    _common_tracking(p)
-    p.set_defaults(func=_cmd_report)
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
-    from calibtune.study._preflight import check_out_file
     from calibtune.study._results import format_table, report_table
 
     with usage():
@@ -293,26 +227,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_export(sub: Any) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write the best trials' configs as trial-config YAML for `calibtune train`",
-        description=(
-            "Rank finished trials by a validation metric (default: the study objective) and write "
-            "the top K resolved trial configs; `calibtune train FILE` re-runs one unchanged."
-        ),
-    )
-    p.add_argument("study", metavar="STUDY")
-    p.add_argument("--top", type=int, default=1, metavar="K")
-    p.add_argument("--metric", help="validation metric to rank by (default: the objective)")
-    p.add_argument("--out", default="exported", metavar="DIR")
-    _storage(p)
-    _common_tracking(p)
-    p.set_defaults(func=_cmd_export)
-
-
 def _cmd_export(args: argparse.Namespace) -> int:
-    from calibtune.study._preflight import check_dir
     from calibtune.study._results import export_best
 
     with usage():
@@ -328,34 +243,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- cluster jobs
 
 
-def _add_submit(sub: Any) -> None:
-    p = sub.add_parser(
-        "submit",
-        help="submit a study to a Ray cluster as a Ray Job",
-        description=(
-            "Submit `calibtune run STUDY.yaml --address auto` as a Ray Job with the project as "
-            "working directory. Storage and the tracking URI must be reachable from the cluster "
-            "(shared paths, an MLflow server); relative paths are made absolute here."
-        ),
-    )
-    p.add_argument("study", metavar="STUDY.yaml")
-    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
-    _common_tracking(p)
-    _storage(p)
-    p.add_argument(
-        "--python",
-        default=sys.executable,
-        help="interpreter with calibtune installed on the cluster (default: this one)",
-    )
-    p.add_argument("--wait", action="store_true", help="follow the job's logs until it ends")
-    p.set_defaults(func=_cmd_submit)
-
-
 def _cmd_submit(args: argparse.Namespace) -> int:
     from calibtune.study import load_study
-    from calibtune.study._preflight import preflight_submit
-    from calibtune.study._studydir import default_storage, self_contained
-    from calibtune.study._tracking import resolve_tracking_uri
 
     with usage(args.study):
         study = load_study(args.study)
@@ -388,17 +277,6 @@ def _cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_status(sub: Any) -> None:
-    p = sub.add_parser(
-        "status",
-        help="status of submitted study jobs (all, or one JOB_ID)",
-        description="List calibtune jobs on the cluster with their status, or one job's status.",
-    )
-    p.add_argument("job_id", nargs="?", metavar="JOB_ID")
-    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
-    p.set_defaults(func=_cmd_status)
-
-
 def _cmd_status(args: argparse.Namespace) -> int:
     with usage():
         client = job_client(args.address)
@@ -418,13 +296,6 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_logs(sub: Any) -> None:
-    p = sub.add_parser("logs", help="print a submitted study job's logs")
-    p.add_argument("job_id", metavar="JOB_ID")
-    p.add_argument("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
-    p.set_defaults(func=_cmd_logs)
-
-
 def _cmd_logs(args: argparse.Namespace) -> int:
     with usage():
         client = job_client(args.address)
@@ -441,21 +312,7 @@ def _cmd_logs(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- ui
 
 
-def _add_ui(sub: Any) -> None:
-    p = sub.add_parser(
-        "ui",
-        help="start the MLflow UI on 127.0.0.1 and print its URL",
-        description="Serve the tracking store with `mlflow ui` on 127.0.0.1; Ctrl-C stops it.",
-    )
-    _common_tracking(p)
-    p.add_argument("--port", type=port_number, help="port 1-65535 (default: a free one)")
-    p.set_defaults(func=_cmd_ui)
-
-
 def _cmd_ui(args: argparse.Namespace) -> int:
-    from calibtune.study._preflight import check_tracking_uri
-    from calibtune.study._tracking import resolve_tracking_uri
-
     with usage():
         uri = resolve_tracking_uri(args.tracking_uri)
         key = "--tracking-uri" if args.tracking_uri else "tracking store (default ./mlflow.db)"
@@ -467,41 +324,17 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         check_tracking_uri(uri, key, must_exist=True)
         if args.port is not None:
             check_port_free(args.port)
-    try:
-        proc, url = start_ui(uri, args.port)
-    except RuntimeError as exc:
-        print(f"calibtune ui: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
-        return 1
     from calibtune.study._ui import ui_lines
 
-    print("\n".join(ui_lines(uri, url)), flush=True)
-    try:
-        proc.wait()
-    except KeyboardInterrupt:
-        stop_ui(proc)
-    return 0
+    return _serve("ui", lambda url: ui_lines(uri, url), lambda: start_ui(uri, args.port))
 
 
 # ------------------------------------------------------------------------------- dashboard
 
 
-def _add_dashboard(sub: Any) -> None:
-    p = sub.add_parser(
-        "dashboard",
-        help="start optuna-dashboard on a study's Optuna storage (127.0.0.1) and print its URL",
-        description="Serve the study's Optuna storage (search.optuna_storage, default "
-        "<study folder>/optuna.db) with optuna-dashboard on 127.0.0.1; Ctrl-C stops it.",
-    )
-    p.add_argument("study", help="study YAML, study folder, or study name")
-    _storage(p)
-    p.add_argument("--port", type=port_number, help="port 1-65535 (default: a free one)")
-    p.set_defaults(func=_cmd_dashboard)
-
-
 def _cmd_dashboard(args: argparse.Namespace) -> int:
     from calibtune.study._config import load_study
     from calibtune.study._search import optuna_storage_url
-    from calibtune.study._studydir import StudyDir
 
     with usage():
         p = Path(args.study)
@@ -518,12 +351,24 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
             )
         if args.port is not None:
             check_port_free(args.port)
+    return _serve(
+        "dashboard",
+        lambda url: [f"optuna-dashboard for {storage}: {url}   (Ctrl-C to stop)"],
+        lambda: start_dashboard(storage, args.port),
+    )
+
+
+def _serve(
+    command: str, lines: Callable[[str], list[str]], start: Callable[[], tuple[Any, str]]
+) -> int:
+    """Start a server process (``start() -> (process, URL)``), print ``lines(URL)`` and wait
+    for it; Ctrl-C stops it. Exit code 1, with the reason, when it does not come up."""
     try:
-        proc, url = start_dashboard(storage, args.port)
+        proc, url = start()
     except RuntimeError as exc:
-        print(f"calibtune dashboard: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
+        print(f"calibtune {command}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
         return 1
-    print(f"optuna-dashboard for {storage}: {url}   (Ctrl-C to stop)", flush=True)
+    print("\n".join(lines(url)), flush=True)
     try:
         proc.wait()
     except KeyboardInterrupt:
@@ -531,15 +376,118 @@ def _cmd_dashboard(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: dict[str, Callable[[Any], None]] = {
-    "run": _add_run,
-    "submit": _add_submit,
-    "resume": _add_resume,
-    "status": _add_status,
-    "logs": _add_logs,
-    "compare": _add_compare,
-    "report": _add_report,
-    "export": _add_export,
-    "ui": _add_ui,
-    "dashboard": _add_dashboard,
+# ------------------------------------------------------------------------------- the table
+
+COMMANDS: dict[str, Command] = {
+    "run": Command(
+        "run a study (Ray Tune + Optuna), logging every trial to MLflow",
+        _cmd_run,
+        (
+            arg("study", metavar="STUDY.yaml", nargs="?"),
+            RAY_ADDRESS,
+            TRACKING,
+            STORAGE,
+            *VERBOSITY,
+            # `calibtune submit` passes the study's self-contained YAML in this variable
+            arg("--study-env", help=argparse.SUPPRESS),
+        ),
+        "Validate STUDY.yaml, start (or connect to) Ray, search with Optuna through Ray Tune and "
+        "log one MLflow parent run per study and one child run per trial. Running a study whose "
+        "storage already holds it continues it (like `calibtune resume`). Prints progress, then "
+        "the comparison table.",
+    ),
+    "submit": Command(
+        "submit a study to a Ray cluster as a Ray Job",
+        _cmd_submit,
+        (
+            arg("study", metavar="STUDY.yaml"),
+            DASHBOARD_ADDRESS,
+            TRACKING,
+            STORAGE,
+            arg(
+                "--python",
+                default=sys.executable,
+                help="interpreter with calibtune installed on the cluster (default: this one)",
+            ),
+            arg("--wait", action="store_true", help="follow the job's logs until it ends"),
+        ),
+        "Submit `calibtune run STUDY.yaml --address auto` as a Ray Job with the project as "
+        "working directory. Storage and the tracking URI must be reachable from the cluster "
+        "(shared paths, an MLflow server); relative paths are made absolute here.",
+    ),
+    "resume": Command(
+        "restore an interrupted study and finish its unfinished and errored trials",
+        _cmd_resume,
+        (arg("study", metavar="STUDY_NAME|PATH"), RAY_ADDRESS, STORAGE, *VERBOSITY),
+        "Tuner.restore a study from its storage directory (or its name under --storage), "
+        "finishing unfinished and errored trials; MLflow logging continues in the same parent "
+        "and child runs.",
+    ),
+    "status": Command(
+        "status of submitted study jobs (all, or one JOB_ID)",
+        _cmd_status,
+        (arg("job_id", nargs="?", metavar="JOB_ID"), DASHBOARD_ADDRESS),
+        "List calibtune jobs on the cluster with their status, or one job's status.",
+    ),
+    "logs": Command("print a submitted study job's logs", _cmd_logs, (JOB_ID, DASHBOARD_ADDRESS)),
+    "compare": Command(
+        "table of a study's trials: parameters and chosen metrics",
+        _cmd_compare,
+        (
+            arg("study", metavar="STUDY", help="study YAML, storage directory or name"),
+            arg("--metrics", help="comma-separated metric names (default: objectives + main)"),
+            arg("--sort", help="column to sort by (default: the first objective, best first)"),
+            FORMAT,
+            STORAGE,
+            TRACKING,
+        ),
+        "One row per finished trial: its loss, hyperparameters and metrics.",
+    ),
+    "report": Command(
+        "the papers' table: per loss, error and ECE pre/post TS, focal TS, OOD AUROC",
+        _cmd_report,
+        (
+            arg("study", metavar="STUDY"),
+            FORMAT,
+            arg("--out", metavar="FILE", help="also write the table to FILE"),
+            arg(
+                "--baseline",
+                metavar="LOSS",
+                help="instead: each loss vs this one (ECE, AdaECE, error differences, paired "
+                "bootstrap)",
+            ),
+            STORAGE,
+            TRACKING,
+        ),
+        "Per loss (its best trial by the study objective, on validation): test error, ECE, "
+        "AdaECE and classwise ECE before and after temperature scaling (optimal T in "
+        "brackets), ECE after focal temperature scaling and OOD AUROC; values in %.",
+    ),
+    "export": Command(
+        "write the best trials' configs as trial-config YAML for `calibtune train`",
+        _cmd_export,
+        (
+            arg("study", metavar="STUDY"),
+            arg("--top", type=int, default=1, metavar="K"),
+            arg("--metric", help="validation metric to rank by (default: the objective)"),
+            arg("--out", default="exported", metavar="DIR"),
+            STORAGE,
+            TRACKING,
+        ),
+        "Rank finished trials by a validation metric (default: the study objective) and write "
+        "the top K resolved trial configs; `calibtune train FILE` re-runs one unchanged.",
+    ),
+    "ui": Command(
+        "start the MLflow UI on 127.0.0.1 and print its URL",
+        _cmd_ui,
+        (TRACKING, PORT),
+        "Serve the tracking store with `mlflow ui` on 127.0.0.1; Ctrl-C stops it.",
+    ),
+    "dashboard": Command(
+        "start optuna-dashboard on a study's Optuna storage (127.0.0.1) and print its URL",
+        _cmd_dashboard,
+        (arg("study", help="study YAML, study folder, or study name"), STORAGE, PORT),
+        "Serve the study's Optuna storage (search.optuna_storage, default <study folder>/"
+        "optuna.db) with optuna-dashboard on 127.0.0.1; Ctrl-C stops it.",
+    ),
 }

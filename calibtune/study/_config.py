@@ -455,6 +455,25 @@ def load_study(path: str | Path) -> StudyConfig:
     return parse_study(raw, str(path), text)
 
 
+def head_from_text(
+    text: str, label: str
+) -> tuple[str, tuple[Objective, ...], tuple[Constraint, ...]]:
+    """Only the ``name``, ``search.objectives`` and ``search.constraints`` of a study given as
+    YAML text: reading a finished study's results needs no more, and validating its trial
+    section would import every registry (torch)."""
+    try:
+        raw = _mapping(load_text(text, label), "study")
+        name = check_name(raw.get("name"), "name")
+        search = _mapping(raw.get("search"), "search")
+        rules = search.get("constraints")
+        # a saved copy was fully validated when its study started: its baselines are its losses
+        baselines = [r.get("baseline") for r in rules or () if isinstance(r, Mapping)]
+        constraints = parse_constraints(rules, [b for b in baselines if b], StudyError)
+        return name, _objectives(search.get("objectives")), constraints
+    except (YamlError, ValueError) as exc:
+        raise StudyError(f"{label}: {exc}") from None
+
+
 def study_from_text(text: str, label: str) -> StudyConfig:
     """Validate a study given as YAML text (a submitted job's self-contained copy)."""
     try:

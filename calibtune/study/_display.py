@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+# Lazy: Ray Tune's Callback base class, only when a study builds its Tune callback, so that the
+# CLI imports this module (progress lines, quiet output) without Ray (bench/bench_cli.py).
+
 __all__ = [
     "Counts",
     "EpochLines",

@@ -11,6 +11,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from calibtune.study._preflight import check_address
+from calibtune.study._raycluster import client_token_auth
+
+# Lazy: Ray's job client is imported by the cluster subcommands alone (submit, status, logs),
+# so that `calibtune --help` does not import Ray (bench/bench_cli.py).
+
 __all__ = ["follow", "job_client", "project_root", "ray_address", "submit_job"]
 
 # the head's job agent starts a few seconds after its dashboard answers
@@ -20,7 +26,6 @@ _AGENT_WAIT_S = 60.0
 def ray_address(address: str | None) -> str:
     """The dashboard address (--address, else $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS), checked
     to accept a TCP connection within 5 s (the job client would retry for minutes)."""
-    from calibtune.study._preflight import check_address
 
     key, addr = "--address", address
     for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
@@ -32,7 +37,6 @@ def ray_address(address: str | None) -> str:
         )
     if addr != "auto":
         check_address(addr, key, "a Ray dashboard", default_port=8265)
-    from calibtune.study._raycluster import client_token_auth
 
     client_token_auth()
     return addr

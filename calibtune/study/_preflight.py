@@ -12,11 +12,20 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
+
+from calibtune.study._studydir import StudyDir, StudyDirError, default_storage
+from calibtune.study._tracking import resolve_tracking_uri
+
+# Lazy: Ray (`ray._private`) only for the checks of a cluster address, so that the CLI's
+# compare/report/export and --help never import it (bench/bench_cli.py).
 
 __all__ = [
     "check_address",
@@ -207,7 +216,6 @@ def check_address(
 
 def _http_status(url: str, timeout: float) -> int | str:
     """The HTTP status of a GET (an error status counts as an answer), else why none came."""
-    import ssl
 
     ctx = None
     if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
@@ -230,7 +238,6 @@ def _http_status(url: str, timeout: float) -> int | str:
 
 def _check_http(uri: str, key: str, timeout: float = HTTP_TIMEOUT_S) -> None:
     """An MLflow server answers ``/health`` (or its REST API, e.g. behind auth) in ``timeout``."""
-    import time
 
     base = uri.rstrip("/")
     deadline = time.monotonic() + timeout
@@ -282,7 +289,6 @@ def _check_sqlite(uri: str, key: str, must_exist: bool) -> None:
 def _plugin_scheme(scheme: str) -> bool:
     """Whether an installed MLflow plugin registers ``scheme`` as a tracking store (the entry
     points MLflow's TrackingStoreRegistry loads; read without importing MLflow)."""
-    from importlib.metadata import entry_points
 
     return any(ep.name == scheme for ep in entry_points(group="mlflow.tracking_store"))
 
@@ -332,8 +338,6 @@ def preflight_run(
 ) -> None:
     """Every check of `calibtune run` that needs neither Ray nor a write: the storage folder,
     the tracking store, the Ray address (in that order: the slow network checks last)."""
-    from calibtune.study._studydir import default_storage
-    from calibtune.study._tracking import resolve_tracking_uri
 
     if storage:
         check_storage(storage, "--storage")
@@ -361,7 +365,6 @@ def preflight_resume(study: str | Path, *, address: str | None, storage: str | N
     """`calibtune resume`: the study folder (writable, free space), its state file and the
     tracking store recorded there, Ray Tune's state (complete, really a Tuner's), the Ray address.
     A folder that holds no study is left to `resume_study`, which says so."""
-    from calibtune.study._studydir import StudyDir, StudyDirError
 
     try:
         sd = StudyDir.find(study, storage)

@@ -5,11 +5,15 @@ The one place that reaches into Ray's private API (token authentication for clie
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.study._display import quiet_output
+
+# Lazy: Ray and `calibtune.trial` (torch) are imported when a study starts Ray, so that the CLI
+# can import this module for its job client without them (bench/bench_cli.py).
 
 __all__ = ["check_cluster", "client_token_auth", "init_ray"]
 
@@ -33,7 +37,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     """Connect to ``address`` or start a local Ray sized for this machine. ``verbose=False``:
     no forwarding of worker/actor logs (e.g. Ray Train's PlacementGroupCleaner lines; trial
     errors still reach the driver through Tune) and `quiet_output`."""
-    import logging
 
     import ray
 

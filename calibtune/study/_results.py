@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from calibtune._provenance import installed_versions, provenance_comment
+from calibtune._provenance import LIBRARIES, installed_versions, provenance_comment
 from calibtune.metrics import keys as K
 from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
 from calibtune.study._studydir import StudyDir, StudyDirError
@@ -66,14 +66,14 @@ def locate_study(
     except StudyDirError as exc:
         raise StudyNotFoundError(str(exc)) from None
     state = sd.read_state()
-    cfg = sd.read_study()
+    name, objectives, constraints = sd.read_head()  # read_study() would import torch
     return StudyRef(
-        cfg.name,
+        name,
         resolve_tracking_uri(tracking_uri) if tracking_uri else state.tracking_uri,
         state.experiment_id,
         state.parent_run_id,
-        tuple((o.metric, o.mode) for o in cfg.search.objectives),
-        cfg.search.constraints,
+        tuple((o.metric, o.mode) for o in objectives),
+        constraints,
     )
 
 
@@ -419,10 +419,11 @@ def _provenance(
 ) -> dict[str, Any]:
     """What produced an exported trial: the versions and git SHA the study recorded on its parent
     run (installed ones where it recorded none), its source and objective, how to re-run it."""
-    installed = installed_versions()
+    # imports torch and Ray only for a version the study did not record
+    installed = installed_versions([k for k in LIBRARIES if f"version.{k}" not in parent_tags])
     return {
         "git_sha": parent_tags.get("calibtune.git_sha", "unknown"),
-        **{k: parent_tags.get(f"version.{k}", v) for k, v in installed.items()},
+        **{k: installed.get(k) or parent_tags[f"version.{k}"] for k in LIBRARIES},
         "study": ref.name,
         "trial": str(row["trial_id"]),
         "mlflow_run": str(row["run_id"]),

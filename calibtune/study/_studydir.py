@@ -30,9 +30,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
 from calibtune._yaml import load_text
+
+# Lazy: `_config` and `_spaces` (Optuna; the registries and torch when a whole study is
+# validated) are imported by the methods that read a study, so that `calibtune --help` stays
+# light (bench/bench_cli.py).
 
 __all__ = [
     "STATE_FILE",
@@ -162,6 +168,14 @@ class StudyDir:
         copy = self.path / STUDY_COPY
         return study_from_text(_read(copy), str(copy))
 
+    def read_head(self) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
+        """The study's name, objectives (`Objective`) and constraints (`Constraint`) from its
+        saved copy, the rest of it not re-validated (`read_study` does that)."""
+        from calibtune.study._config import head_from_text
+
+        copy = self.path / STUDY_COPY
+        return head_from_text(_read(copy), str(copy))
+
     def write_study(self, study: Any) -> None:
         """Save the study self-contained (search spaces inlined): resuming needs no other file."""
         self.path.mkdir(parents=True, exist_ok=True)
@@ -247,8 +261,6 @@ def _is_tuner_pickle(path: Path) -> bool:
 
 def self_contained(study: Any) -> str:
     """The study's YAML with its search-space files inlined (``name`` + ``params``)."""
-    import yaml
-
     from calibtune.study._spaces import load_yaml
 
     raw = load_text(study.text, "study")

@@ -23,7 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibtune import __version__
 from calibtune.metrics import keys as K
+
+# Lazy: MLflow, Optuna, Ray, torch and `calibtune.trial` are imported by the functions that use
+# them, so that the CLI's --help imports this module without them (bench/bench_cli.py).
 
 TAG_STUDY = "calibtune.study"
 TAG_KIND = "calibtune.kind"  # "study" | "trial" | "seed"
@@ -72,8 +76,6 @@ def versions() -> dict[str, str]:
     import optuna
     import ray
     import torch
-
-    from calibtune import __version__
 
     return {
         "calibtune": __version__,

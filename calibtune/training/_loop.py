@@ -29,8 +29,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import Dataset
 
+from calibtune.metrics import calibration_report
 from calibtune.metrics import keys as K
 from calibtune.training._batches import epoch_index_batches, infer_logits, iterate_batches
+from calibtune.training._final import posthoc_val_metrics
 
 __all__ = [
     "EpochCache",
@@ -118,8 +120,6 @@ def lr_schedule(
 
 def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, float]:
     """``{prefix/<key>: value}`` for every scalar of ``calibration_report`` on cached logits."""
-    from calibtune.metrics import calibration_report
-
     report = calibration_report(logits=logits, labels=labels, n_bins=n_bins)
     out: dict[str, float] = {}
     for k, v in report.items():
@@ -153,9 +153,6 @@ def train_epochs(
 ) -> EpochCache | None:
     """Train epochs ``start_epoch+1 .. spec.epochs``; return the last epoch's cache."""
     eval_model = spec.eval_model if spec.eval_model is not None else spec.model
-    adaptive = _adaptive(spec.loss_fn)
-    every = getattr(spec.loss_fn, "update_every", "epoch") if adaptive else "epoch"
-    n_train = len(spec.train_set)  # type: ignore[arg-type]
     cache: EpochCache | None = None
 
     def infer(ds: Dataset) -> tuple[Tensor, Tensor]:
@@ -174,84 +171,126 @@ def train_epochs(
         lr = spec.lr_at(epoch)
         for group in spec.optimizer.param_groups:
             group["lr"] = lr
-        spec.model.train()
-        batches = epoch_index_batches(
-            n_train, spec.batch_size, seed=spec.seed, epoch=epoch, rank=spec.rank, world=spec.world
-        )
-        loss_sum = torch.zeros((), dtype=torch.float64, device=spec.device)
-        wrong = torch.zeros((), dtype=torch.float64, device=spec.device)
-        seen = 0
-        updates: list[dict[str, Any]] = []
-        for step, (x, y) in enumerate(
-            iterate_batches(spec.train_set, batches, spec.loader_workers), start=1
-        ):
-            x = x.to(spec.device, non_blocking=True)
-            y = y.to(spec.device, non_blocking=True)
-            if spec.augment is not None:
-                x = spec.augment(x)
-            logits = spec.model(x)
-            loss = spec.loss_fn(logits, y)
-            spec.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            # checked after backward so that, under DDP, no rank leaves a gradient all-reduce
-            # waiting; NaN gradients reach every rank and stop them all at the next step
-            if not torch.isfinite(loss).item():
-                raise NonFiniteLossError(
-                    f"non-finite loss at epoch {epoch}, step {step} (loss={loss.item()}, "
-                    f"lr={lr:g}); lower optimizer.lr or set train.grad_clip"
-                )
-            if spec.grad_clip is not None:
-                nn.utils.clip_grad_norm_(spec.model.parameters(), spec.grad_clip)
-            spec.optimizer.step()
-            loss_sum += loss.detach().double() * y.shape[0]
-            wrong += (logits.detach().argmax(1) != y).sum()
-            seen += y.shape[0]
-            if adaptive and isinstance(every, int) and step % every == 0:
-                v_logits, v_labels = infer(spec.val_set)
-                updates.append(_update_loss(spec.loss_fn, v_logits, v_labels))
-                # the official AdaFocal code left the model in eval() after this pass
-                spec.model.train()
+        totals, updates = _train_epoch(spec, epoch, lr, infer)
         train_time = time.perf_counter() - t0
-
-        val_logits, val_labels = infer(spec.val_set)
-        if adaptive and every == "epoch":
-            updates.append(_update_loss(spec.loss_fn, val_logits, val_labels))
-        totals = torch.stack([loss_sum, wrong, torch.tensor(float(seen), dtype=torch.float64)])
-        if spec.world > 1:
-            dist.all_reduce(totals)
-        metrics: dict[str, Any] = {
-            "epoch": epoch,
-            "lr": lr,
-            K.key("train", "loss"): (totals[0] / totals[2]).item(),
-            K.key("train", "error"): (totals[1] / totals[2]).item(),
-        }
-        metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins))
-        if spec.epoch_posthoc:
-            from calibtune.training._final import posthoc_val_metrics
-
-            metrics.update(
-                posthoc_val_metrics(val_logits, val_labels, spec.epoch_posthoc, spec.n_bins)
-            )
-        cache = EpochCache(val_logits, val_labels, updates=updates)
-        if spec.test_set is not None and (spec.test_every_epoch or epoch == spec.epochs):
-            cache.test_logits, cache.test_labels = infer(spec.test_set)
-            metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
-        if adaptive and updates:
-            last = updates[-1]
-            gammas = _floats(last.get("gammas"))
-            gap = [
-                c - a
-                for c, a in zip(_floats(last.get("c_val")), _floats(last.get("a_val")), strict=True)
-            ]
-            metrics[K.key("adaptive", "gammas")] = gammas
-            metrics[K.key("adaptive", "edges")] = _floats(last.get("edges"))
-            metrics[K.key("adaptive", "gap")] = gap
-            metrics.update(K.adaptive_summary(gammas, gap, len(updates)))
+        metrics, cache = _evaluate_epoch(spec, epoch, lr, totals, updates, infer)
         metrics["train_time"] = train_time
         metrics["epoch_time"] = time.perf_counter() - t0
         if on_epoch_end is not None:
             on_epoch_end(epoch, metrics, cache)
     return cache
+
+
+def _update_every(loss_fn: nn.Module) -> int | str | None:
+    """None for a loss without state; else its ``update_every`` (batches, or ``"epoch"``)."""
+    return getattr(loss_fn, "update_every", "epoch") if _adaptive(loss_fn) else None
+
+
+def _train_epoch(
+    spec: LoopSpec, epoch: int, lr: float, infer: Callable[[Dataset], tuple[Tensor, Tensor]]
+) -> tuple[Tensor, list[dict[str, Any]]]:
+    """One pass over this rank's batches of epoch ``epoch``; returns this rank's float64
+    ``[Σ loss·B, #wrong, #seen]`` and the adaptive-loss updates made every ``update_every``
+    batches (each from a fresh validation pass)."""
+    every = _update_every(spec.loss_fn)
+    spec.model.train()
+    n_train = len(spec.train_set)  # type: ignore[arg-type]
+    batches = epoch_index_batches(
+        n_train, spec.batch_size, seed=spec.seed, epoch=epoch, rank=spec.rank, world=spec.world
+    )
+    loss_sum = torch.zeros((), dtype=torch.float64, device=spec.device)
+    wrong = torch.zeros((), dtype=torch.float64, device=spec.device)
+    seen = 0
+    updates: list[dict[str, Any]] = []
+    for step, (x, y) in enumerate(
+        iterate_batches(spec.train_set, batches, spec.loader_workers), start=1
+    ):
+        x = x.to(spec.device, non_blocking=True)
+        y = y.to(spec.device, non_blocking=True)
+        logits, loss = _step(spec, epoch, step, lr, x, y)
+        loss_sum += loss.detach().double() * y.shape[0]
+        wrong += (logits.detach().argmax(1) != y).sum()
+        seen += y.shape[0]
+        if isinstance(every, int) and step % every == 0:
+            v_logits, v_labels = infer(spec.val_set)
+            updates.append(_update_loss(spec.loss_fn, v_logits, v_labels))
+            # the official AdaFocal code left the model in eval() after this pass
+            spec.model.train()
+    totals = torch.stack([loss_sum, wrong, torch.tensor(float(seen), dtype=torch.float64)])
+    return totals, updates
+
+
+def _step(
+    spec: LoopSpec, epoch: int, step: int, lr: float, x: Tensor, y: Tensor
+) -> tuple[Tensor, Tensor]:
+    """One optimizer step on the batch ``(x, y)`` (on ``spec.device``); returns its logits and
+    loss."""
+    if spec.augment is not None:
+        x = spec.augment(x)
+    logits = spec.model(x)
+    loss = spec.loss_fn(logits, y)
+    spec.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    # checked after backward so that, under DDP, no rank leaves a gradient all-reduce
+    # waiting; NaN gradients reach every rank and stop them all at the next step
+    if not torch.isfinite(loss).item():
+        raise NonFiniteLossError(
+            f"non-finite loss at epoch {epoch}, step {step} (loss={loss.item()}, "
+            f"lr={lr:g}); lower optimizer.lr or set train.grad_clip"
+        )
+    if spec.grad_clip is not None:
+        nn.utils.clip_grad_norm_(spec.model.parameters(), spec.grad_clip)
+    spec.optimizer.step()
+    return logits, loss
+
+
+def _evaluate_epoch(
+    spec: LoopSpec,
+    epoch: int,
+    lr: float,
+    totals: Tensor,
+    updates: list[dict[str, Any]],
+    infer: Callable[[Dataset], tuple[Tensor, Tensor]],
+) -> tuple[dict[str, Any], EpochCache]:
+    """The epoch's end: one validation pass (the epoch-end adaptive update, the validation
+    report, the ``epoch_posthoc`` methods), the optional test pass, and the metrics to report
+    (training loss and error over all ranks' ``totals``)."""
+    val_logits, val_labels = infer(spec.val_set)
+    if _update_every(spec.loss_fn) == "epoch":
+        updates.append(_update_loss(spec.loss_fn, val_logits, val_labels))
+    if spec.world > 1:
+        dist.all_reduce(totals)
+    metrics: dict[str, Any] = {
+        "epoch": epoch,
+        "lr": lr,
+        K.key("train", "loss"): (totals[0] / totals[2]).item(),
+        K.key("train", "error"): (totals[1] / totals[2]).item(),
+    }
+    metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins))
+    if spec.epoch_posthoc:
+        metrics.update(posthoc_val_metrics(val_logits, val_labels, spec.epoch_posthoc, spec.n_bins))
+    cache = EpochCache(val_logits, val_labels, updates=updates)
+    if spec.test_set is not None and (spec.test_every_epoch or epoch == spec.epochs):
+        cache.test_logits, cache.test_labels = infer(spec.test_set)
+        metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
+    if _adaptive(spec.loss_fn) and updates:
+        metrics.update(_adaptive_metrics(updates))
+    return metrics, cache
+
+
+def _adaptive_metrics(updates: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last update's per-bin γ, edges and gap (confidence − accuracy) and their summary."""
+    last = updates[-1]
+    gammas = _floats(last.get("gammas"))
+    gap = [
+        c - a for c, a in zip(_floats(last.get("c_val")), _floats(last.get("a_val")), strict=True)
+    ]
+    return {
+        K.key("adaptive", "gammas"): gammas,
+        K.key("adaptive", "edges"): _floats(last.get("edges")),
+        K.key("adaptive", "gap"): gap,
+        **K.adaptive_summary(gammas, gap, len(updates)),
+    }
 
 
 def _floats(v: Any) -> list[float]:

@@ -1,0 +1,49 @@
+"""Lazy re-exports for package ``__init__`` modules (PEP 562).
+
+A package whose public names live in heavy submodules (torch, Ray, MLflow) declares them here
+instead of importing them: ``calibtune.study.StudyDir`` still works, but importing the package —
+which Python does before any of its submodules, e.g. ``calibtune.study._cli`` for
+``calibtune --help`` or ``calibtune.metrics.keys`` for ``calibtune compare`` — costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def lazy_exports(
+    package: str, exports: Mapping[str, str]
+) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
+    """``__getattr__`` and ``__dir__`` for ``package``: ``exports`` maps each public name to the
+    submodule (relative, e.g. ``"._config"``) that defines it; a name mapped to ``""`` is a
+    submodule itself (``"keys": ""`` → ``package.keys``). The first access imports the submodule
+    and caches the value in the package's namespace.
+
+    >>> getattr_, dir_ = lazy_exports("json", {"JSONDecoder": ".decoder", "scanner": ""})
+    >>> getattr_("JSONDecoder").__module__
+    'json.decoder'
+    >>> getattr_("scanner").__name__
+    'json.scanner'
+    >>> getattr_("nope")
+    Traceback (most recent call last):
+    ...
+    AttributeError: module 'json' has no attribute 'nope'
+    """
+
+    def __getattr__(name: str) -> Any:
+        where = exports.get(name)
+        if where is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        if where:
+            value = getattr(importlib.import_module(where, package), name)
+        else:
+            value = importlib.import_module(f".{name}", package)
+        vars(importlib.import_module(package))[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted({*vars(importlib.import_module(package)), *exports})
+
+    return __getattr__, __dir__
