@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,3 +25,58 @@ def test_focal_ts_batched_curve_equals_one_call_per_temperature(criterion, dtype
         for j in range(ts.stop - ts.start):  # the plain path: one criterion call per T
             ref[:, ts.start + j] = binned_criterion_grid(criterion, vals[:, j], correct, 15)
     assert torch.equal(fitted.curve, ref)
+
+
+def _plain_final(val, val_y, test, test_y, posthoc, ood, n_bins=15):
+    """The reference path: every method fitted and every probability computed afresh where it
+    is used (what `evaluate_final` did before issue 13)."""
+    from calibtune import metrics as M
+    from calibtune.metrics import keys as K
+    from calibtune.posthoc import build_posthoc
+
+    def report(probs, labels, method, split):
+        rep = M.calibration_report(probs=probs, labels=labels, n_bins=n_bins)
+        return {K.key(split, k, method): float(v) for k, v in rep.items() if np.isscalar(v)}
+
+    def probs(method, z):
+        return torch.as_tensor(np.asarray(method.calibrate(z)))
+
+    rep = M.calibration_report(logits=test, labels=test_y, n_bins=n_bins)
+    out = {K.key("test", k): float(v) for k, v in rep.items() if np.isscalar(v)}
+    for name in posthoc:
+        m = build_posthoc(name).fit(val, val_y)
+        out.update(report(probs(m, test).double(), test_y, name, "test"))
+        out.update(report(probs(m, val).double(), val_y, name, "val"))
+        out.update({K.posthoc_key(name, k): float(v) for k, v in m.params().items()})
+    ts = build_posthoc("ts").fit(val, val_y)
+    for item in ood:
+        for method in K.OOD_METHODS:
+            if method:
+                p_in, p_out = probs(ts, test), probs(ts, item.logits)
+            else:
+                p_in, p_out = (
+                    torch.softmax(test.double(), 1),
+                    torch.softmax(item.logits.double(), 1),
+                )
+            for score in K.OOD_SCORES:
+                for measure, fn in (
+                    ("auroc", M.ood_auroc),
+                    ("aupr", M.ood_aupr),
+                    ("fpr95", M.fpr_at_95_tpr),
+                ):
+                    out[K.ood_key(item.key, measure, score, method)] = fn(p_in, p_out, score)
+    return out
+
+
+def test_evaluate_final_equals_the_plain_reference_path() -> None:
+    from calibtune.training import OODLogits, evaluate_final
+
+    g = torch.Generator().manual_seed(5)
+    val, test = (torch.randn(n, 10, generator=g) * 3 for n in (200, 250))
+    val_y, test_y = (torch.randint(0, 10, (n,), generator=g) for n in (200, 250))
+    ood = [OODLogits(k, torch.randn(150, 10, generator=g) * s) for k, s in (("a", 1), ("b/s2", 2))]
+    posthoc = {"focal_ts": {}, "ts": {}}
+    got = evaluate_final(val, val_y, test, test_y, posthoc=posthoc, ood=ood).metrics
+    want = _plain_final(val, val_y, test, test_y, posthoc, ood)
+    assert sorted(got) == sorted(want)
+    assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in want.items()}
