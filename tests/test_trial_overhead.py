@@ -80,3 +80,46 @@ def test_evaluate_final_equals_the_plain_reference_path() -> None:
     want = _plain_final(val, val_y, test, test_y, posthoc, ood)
     assert sorted(got) == sorted(want)
     assert {k: float(v) for k, v in got.items()} == {k: float(v) for k, v in want.items()}
+
+
+def _run(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from calibtune.study._tracking import experiment_id
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    return uri, client, client.create_run(experiment_id(uri, "x")).info.run_id
+
+
+def test_background_epoch_logging_logs_every_epoch_once_before_the_final_metrics(tmp_path):
+    import pickle
+
+    from calibtune.study._tracking import MlflowTrialCallback
+
+    uri, client, run_id = _run(tmp_path)
+    cb = MlflowTrialCallback(uri, run_id, background=True)
+    for e in (1, 2, 3):
+        cb.on_epoch(e, {"val/ece": 0.1 * e})
+    cb.on_epoch(2, {"val/ece": 9.0})  # already logged: skipped
+    cb = pickle.loads(pickle.dumps(cb))  # with a batch possibly in flight (as to a worker)
+    cb.on_trial_end({"test/ece@ts": 0.05}, None)
+    hist = client.get_metric_history(run_id, "val/ece")
+    assert sorted((m.step, round(m.value, 9)) for m in hist) == [(1, 0.1), (2, 0.2), (3, 0.3)]
+    assert client.get_run(run_id).data.metrics["test/ece.ts"] == 0.05
+
+
+def test_background_epoch_logging_raises_the_batch_error_at_the_next_flush(tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    from calibtune.study._tracking import MlflowTrialCallback
+
+    uri, client, run_id = _run(tmp_path)
+    cb = MlflowTrialCallback(uri, run_id, background=True)
+    cb.on_epoch(1, {"val/ece": 0.1})
+    cb.flush()
+    client.delete_run(run_id)
+    cb.on_epoch(2, {"val/ece": 0.2})  # returns; the batch fails in its thread
+    with pytest.raises(MlflowException, match="active"):
+        cb.flush()
+    cb.flush()  # the error is raised once
