@@ -23,6 +23,9 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+# A title at a fixed height: matplotlib otherwise measures every tick label to place it
+TITLE_Y = 1.0
+
 __all__ = [
     "plot_gamma_dynamics",
     "plot_reliability",
@@ -66,7 +69,7 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
         total = count[ok].sum()
         ece = float((count[ok] / total * np.abs(conf[ok] - acc[ok])).sum()) if total else 0.0
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-        ax.set_title(f"{name} (ECE {100 * ece:.2f}%)")
+        ax.set_title(f"{name} (ECE {100 * ece:.2f}%)", y=TITLE_Y)
         ax.legend(loc="upper left", fontsize=7)
     for ax in list(axes.flat)[len(tables) :]:
         ax.axis("off")
@@ -84,7 +87,7 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
     ax_g, ax_d = fig.subplots(2, 1, sharex=True)
     _margins(fig, left=0.85, bottom=0.45, top=0.3, hspace=0.1)
     if not history:
-        ax_g.set_title("no adaptive-loss updates")
+        ax_g.set_title("no adaptive-loss updates", y=TITLE_Y)
         return fig
     nb = max(len(r.get("gammas") or []) for r in history)
     steps = np.arange(1, len(history) + 1)
@@ -113,7 +116,7 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
     ax_g.set_ylabel("γ")
     ax_d.set_ylabel("C_val − A_val")
     ax_d.set_xlabel("update")
-    ax_g.set_title("adaptive γ per validation bin (× = focal/inverse-focal switch)")
+    ax_g.set_title("adaptive γ per validation bin (× = focal/inverse-focal switch)", y=TITLE_Y)
     if nb <= 15:
         ax_g.legend(fontsize=6, ncol=5)
     return fig
@@ -129,7 +132,7 @@ def plot_roc(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
         ax.plot(fpr, tpr, lw=1, ls="--" if key.endswith("@ts") else "-", label=f"{key} ({auc:.3f})")
     ax.plot([0, 1], [0, 1], "k:", lw=1)
     ax.set(xlabel="false-positive rate", ylabel="true-positive rate", xlim=(0, 1), ylim=(0, 1))
-    ax.set_title("OOD detection ROC")
+    ax.set_title("OOD detection ROC", y=TITLE_Y)
     if curves:
         ax.legend(fontsize=6, loc="lower right")
     _margins(fig, left=0.5, bottom=0.45, top=0.3)
@@ -161,7 +164,7 @@ def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
 
     def save(fig: Figure, name: str) -> None:
         path = out_dir / name
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})  # fast zlib level
         written.append(path)
 
     if (d / "reliability.json").is_file():
