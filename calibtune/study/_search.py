@@ -130,9 +130,6 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
             search_alg=_searcher(study),
             scheduler=_scheduler(study),
             num_samples=study.search.num_samples,
-            # one actor runs trial after trial: the imports (torch, Ray Train, MLflow, matplotlib)
-            # and the embedded data are paid once per actor, not once per trial (issue 13)
-            reuse_actors=True,
             metric=objs[0].metric if single else None,
             mode=objs[0].mode if single else None,
         ),
