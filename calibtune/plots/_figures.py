@@ -5,6 +5,10 @@ method -> {count, lower, upper, conf, acc, gap}), the adaptive loss's update his
 (``gamma_history.json``: list of {gammas, edges, c_val, a_val, switched, ...}) and ROC points
 (``roc.json``: "<ood set>/<score>[@ts]" -> {fpr, tpr}) and metrics under dataset shift
 (``shift.json``, `calibtune.plots._shift`).
+
+Figures are built with the object API (`matplotlib.figure.Figure`, Agg canvas) and fixed
+margins: importing ``matplotlib.pyplot`` and ``tight_layout`` (a second text-layout pass) were
+most of a quickstart trial's figure time (issue 13; bench/bench_trial_overhead.py).
 """
 
 from __future__ import annotations
@@ -16,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from calibtune.plots._shift import plot_shift
+
+# A title at a fixed height: matplotlib otherwise measures every tick label to place it
+TITLE_Y = 1.0
 
 __all__ = [
     "plot_gamma_dynamics",
@@ -46,7 +50,8 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
     n = max(1, len(tables))
     cols = min(3, n)
     rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.6 * rows), squeeze=False)
+    fig = Figure(figsize=(3.6 * cols, 3.6 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, (name, t) in zip(axes.flat, tables.items(), strict=False):
         lower, upper = _nan(t["lower"]), _nan(t["upper"])
         acc, conf, count = _nan(t["acc"]), _nan(t["conf"]), _nan(t["count"])
@@ -67,11 +72,11 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
         total = count[ok].sum()
         ece = float((count[ok] / total * np.abs(conf[ok] - acc[ok])).sum()) if total else 0.0
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
-        ax.set_title(f"{name} (ECE {100 * ece:.2f}%)")
+        ax.set_title(f"{name} (ECE {100 * ece:.2f}%)", y=TITLE_Y)
         ax.legend(loc="upper left", fontsize=7)
     for ax in list(axes.flat)[len(tables) :]:
         ax.axis("off")
-    fig.tight_layout()
+    _margins(fig, left=0.5, bottom=0.45, top=0.3, wspace=0.6, hspace=0.75)
     return fig
 
 
@@ -81,9 +86,11 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
     Top: γ_b after each update; a marker where bin b switched between focal and inverse-focal.
     Bottom: C_val − A_val per bin (positive means over-confident).
     """
-    fig, (ax_g, ax_d) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    fig = Figure(figsize=(7, 6))
+    ax_g, ax_d = fig.subplots(2, 1, sharex=True)
+    _margins(fig, left=0.85, bottom=0.45, top=0.3, hspace=0.1)
     if not history:
-        ax_g.set_title("no adaptive-loss updates")
+        ax_g.set_title("no adaptive-loss updates", y=TITLE_Y)
         return fig
     nb = max(len(r.get("gammas") or []) for r in history)
     steps = np.arange(1, len(history) + 1)
@@ -100,7 +107,7 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
         if isinstance(s, Sequence) and not isinstance(s, str):
             s = np.asarray(s, dtype=bool)
             sw[i, : len(s)] = s
-    cmap = plt.get_cmap("viridis", max(nb, 2))
+    cmap = colormaps["viridis"].resampled(max(nb, 2))
     for b in range(nb):
         ax_g.plot(steps, gam[:, b], color=cmap(b), lw=1, label=f"bin {b}" if nb <= 15 else None)
         ax_d.plot(steps, gap[:, b], color=cmap(b), lw=1)
@@ -112,27 +119,43 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
     ax_g.set_ylabel("γ")
     ax_d.set_ylabel("C_val − A_val")
     ax_d.set_xlabel("update")
-    ax_g.set_title("adaptive γ per validation bin (× = focal/inverse-focal switch)")
+    ax_g.set_title("adaptive γ per validation bin (× = focal/inverse-focal switch)", y=TITLE_Y)
     if nb <= 15:
         ax_g.legend(fontsize=6, ncol=5)
-    fig.tight_layout()
     return fig
 
 
 def plot_roc(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
     """ROC curves (OOD positive) for every "<set>/<score>[@ts]" entry."""
-    fig, ax = plt.subplots(figsize=(5, 5))
+    fig = Figure(figsize=(5, 5))
+    ax = fig.subplots()
     for key, c in curves.items():
         fpr, tpr = _nan(c["fpr"]), _nan(c["tpr"])
         auc = float(np.trapezoid(tpr, fpr)) if len(fpr) > 1 else float("nan")
         ax.plot(fpr, tpr, lw=1, ls="--" if key.endswith("@ts") else "-", label=f"{key} ({auc:.3f})")
     ax.plot([0, 1], [0, 1], "k:", lw=1)
     ax.set(xlabel="false-positive rate", ylabel="true-positive rate", xlim=(0, 1), ylim=(0, 1))
-    ax.set_title("OOD detection ROC")
+    ax.set_title("OOD detection ROC", y=TITLE_Y)
     if curves:
         ax.legend(fontsize=6, loc="lower right")
-    fig.tight_layout()
+    _margins(fig, left=0.5, bottom=0.45, top=0.3)
     return fig
+
+
+def _margins(
+    fig: Figure, *, left: float, bottom: float, top: float, wspace: float = 0.2, **kw: float
+) -> None:
+    """Fixed margins in inches (room for tick labels, axis labels and titles at 10 pt)."""
+    w, h = fig.get_size_inches()
+    cols = fig.axes[0].get_gridspec().ncols if fig.axes else 1
+    fig.subplots_adjust(
+        left=left / w,
+        right=1 - 0.15 / w,
+        bottom=bottom / h,
+        top=1 - top / h,
+        wspace=wspace if cols > 1 else None,
+        **kw,
+    )
 
 
 def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
@@ -144,8 +167,7 @@ def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
 
     def save(fig: Figure, name: str) -> None:
         path = out_dir / name
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})  # fast zlib level
         written.append(path)
 
     if (d / "reliability.json").is_file():

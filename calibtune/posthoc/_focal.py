@@ -416,10 +416,11 @@ class FocalTemperatureScaling(PosthocCalibrator):
             if want_nll:
                 curve[:, ts] = -vals.to(torch.float64).mean(dim=-1)
                 continue
-            for j in range(ts.stop - ts.start):
-                curve[:, ts.start + j] = binned_criterion_grid(
-                    self.criterion, vals[:, j], correct, self.n_bins
-                )
+            # every (γ, T) pair of the chunk as one row of a single batched criterion call
+            rows = vals.reshape(-1, vals.shape[-1])
+            curve[:, ts] = binned_criterion_grid(self.criterion, rows, correct, self.n_bins).view(
+                gg, -1
+            )
         curve = curve.cpu()
         best = first_minimum(curve.T.reshape(-1))  # T-major order: smallest T first, then γ
         self.T = self.temperatures[best // gg]

@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import subprocess
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -305,13 +306,51 @@ class MlflowTrialCallback:
     checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
     an older checkpoint); `on_trial_end` logs only final metrics not there yet.
     Picklable (it travels to the Ray Train worker); the client is created on use.
+
+    ``background=True`` (what a study uses) sends each epoch's batch from a thread while the next
+    epoch trains, one batch in flight at most: `flush` (called by the next `on_epoch` and by
+    `on_trial_end`) waits for it and raises its error. Exactly-once still holds: a process
+    killed with a batch in flight lost an epoch that is either in its checkpoint (logged by
+    `on_start` on resume) or trained and logged again; the batch itself is one transaction.
     """
 
-    def __init__(self, uri: str, run_id: str, log_bins: bool = False) -> None:
+    def __init__(
+        self, uri: str, run_id: str, log_bins: bool = False, background: bool = False
+    ) -> None:
         self.uri = uri
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
+        self.background = background
         self._logged: set[int] | None = None
+        self._pending: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_pending": None}  # a thread does not pickle
+
+    def flush(self) -> None:
+        """Wait for the epoch batch in flight (``background``); raise the error it met."""
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+
+    def _send(self, flat: dict[str, float], epoch: int) -> None:
+        self.flush()
+        if not self.background:
+            log_metrics(self.uri, self.run_id, flat, step=epoch)
+            return
+
+        def send() -> None:
+            try:
+                log_metrics(self.uri, self.run_id, flat, step=epoch)
+            except BaseException as exc:  # re-raised by the next flush, in the trial's thread
+                self._error = exc
+
+        self._pending = threading.Thread(target=send, name="calibtune-mlflow-epoch")
+        self._pending.start()
 
     def _logged_epochs(self) -> set[int]:
         if self._logged is None:
@@ -336,10 +375,11 @@ class MlflowTrialCallback:
             else:
                 flat[k] = v
         flat["epoch"] = epoch
-        log_metrics(self.uri, self.run_id, flat, step=epoch)
+        self._send(flat, epoch)
         self._logged_epochs().add(epoch)
 
     def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
+        self.flush()
         client = _client(self.uri)
         log_missing(self.uri, self.run_id, metrics, step=0)
         from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag

@@ -146,7 +146,12 @@ def _seed_run(
         res = T.run(
             cfg,
             callbacks=[
-                MlflowTrialCallback(payload.tracking_uri, run_id, cfg.eval.log_adaptive_bins)  # type: ignore[arg-type]
+                MlflowTrialCallback(
+                    payload.tracking_uri,
+                    run_id,  # type: ignore[arg-type]
+                    cfg.eval.log_adaptive_bins,
+                    background=True,
+                )
             ],
             storage_path=payload.trials_dir,
         )

@@ -119,10 +119,12 @@ def evaluate_final(
 
     calibrated: dict[str, Any] = {}
     scored = {("test", ""): test_probs, ("val", ""): torch.softmax(val_logits.double(), dim=1)}
+    test_calibrated: dict[str, Tensor] = {"": test_probs}  # reused by the OOD scores
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
         calibrated[name] = method
-        probs = _probs(method, test_logits)
+        test_calibrated[name] = _ood_probs(method, test_logits)
+        probs = test_calibrated[name].to(torch.float64)
         out.metrics.update(_report(probs, test_labels, n_bins, name))
         scored[("test", name)], scored[("val", name)] = probs, _probs(method, val_logits)
         out.metrics.update(_report(scored[("val", name)], val_labels, n_bins, name, "val"))
@@ -139,7 +141,9 @@ def evaluate_final(
         shifted, out.shift = shift_metrics(shift, calibrated, n_bins)
         out.metrics.update(shifted)
     if ood:
-        _ood_metrics(out, val_logits, val_labels, test_logits, ood, calibrated, roc_points)
+        _ood_metrics(
+            out, val_logits, val_labels, test_logits, ood, calibrated, roc_points, test_calibrated
+        )
     return out
 
 
@@ -151,9 +155,12 @@ def _ood_metrics(
     ood: list[OODLogits],
     calibrated: Mapping[str, Any],
     roc_points: int,
+    test_probs: Mapping[str, Tensor] | None = None,
 ) -> None:
     """``ood/<source>/<measure>[_msp][@ts]`` and ROC points, before and after each of
-    ``K.OOD_METHODS`` (temperature scaling, reused when ``posthoc`` already fitted it)."""
+    ``K.OOD_METHODS`` (temperature scaling, reused when ``posthoc`` already fitted it). The
+    in-distribution probabilities of each method are computed once (``test_probs`` holds those
+    `evaluate_final` already has, keyed like ``K.OOD_METHODS``, ``""`` = uncalibrated)."""
     from calibtune import metrics as M
     from calibtune.posthoc import build_posthoc
 
@@ -162,16 +169,15 @@ def _ood_metrics(
         for m in K.OOD_METHODS
         if m
     }
+    known = dict(test_probs or {})
+    p_ins = {
+        m: known[m] if m in known else _ood_probs(fitted.get(m), test_logits) for m in K.OOD_METHODS
+    }
     measures = {"auroc": M.ood_auroc, "aupr": M.ood_aupr, "fpr95": M.fpr_at_95_tpr}
     for item in ood:
         for method_name in K.OOD_METHODS:
-            if not method_name:
-                p_in = torch.softmax(test_logits.double(), 1)
-                p_out = torch.softmax(item.logits.double(), 1)
-            else:
-                method = fitted[method_name]
-                p_in = torch.as_tensor(np.asarray(method.calibrate(test_logits)))
-                p_out = torch.as_tensor(np.asarray(method.calibrate(item.logits)))
+            p_in = p_ins[method_name]
+            p_out = _ood_probs(fitted.get(method_name), item.logits)
             for score in OOD_SCORES:
                 for measure in K.OOD_MEASURES:
                     name = K.ood_key(item.key, measure, score, method_name)
@@ -180,6 +186,14 @@ def _ood_metrics(
                 fpr, tpr, _ = M.roc_curve_points(p_in, p_out, score, validate_args=False)
                 suffix = f"@{method_name}" if method_name else ""
                 out.roc[f"{item.key}/{score}{suffix}"] = _thin(fpr, tpr, roc_points)
+
+
+def _ood_probs(method: Any, logits: Tensor) -> Tensor:
+    """Softmax in float64 (``method`` None) or the fitted method's probabilities in its own
+    dtype (float32 for float32 logits)."""
+    if method is None:
+        return torch.softmax(logits.double(), 1)
+    return torch.as_tensor(np.asarray(method.calibrate(logits)))
 
 
 def _thin(fpr: np.ndarray, tpr: np.ndarray, k: int) -> dict[str, list[float]]:
