@@ -289,6 +289,30 @@ def test_smece_matches_relplot():
     assert M.smece(probs, labels) == pytest.approx(float(relplot.smECE(f, y)), abs=1e-12)
 
 
+def _smece_case(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if name == "overconfident":
+        f = rng.uniform(0, 1, n)
+        return f, (rng.uniform(0, 1, n) < f**1.5).astype(float)
+    if name == "calibrated":
+        f = rng.beta(5, 1, n)
+        return f, (rng.uniform(0, 1, n) < f).astype(float)
+    if name == "near_one":  # σ search ends below 0.01: grid sizes other than relplot's 1001
+        return np.clip(rng.normal(0.99, 0.01, n), 0, 1), np.ones(n)
+    return np.full(n, 0.3), np.zeros(n)  # "constant": one grid cell, every outcome 0
+
+
+@pytest.mark.parametrize("name", ["overconfident", "calibrated", "near_one", "constant"])
+@pytest.mark.parametrize("n", [1, 7, 1000, 20000])
+def test_native_smece_matches_relplot(name, n):
+    """The vectorised smECE (`metrics._smece`) against relplot's own on the same (f, y)."""
+    import relplot
+
+    from calibtune.metrics._smece import smooth_ece
+
+    f, y = _smece_case(name, n, np.random.default_rng(n))
+    assert smooth_ece(f, y) == pytest.approx(float(relplot.smECE(f, y)), abs=1e-9)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.3, 3.0])
 def test_ece_debiased_matches_uncertainty_calibration(temperature):
     import calibration as cal
