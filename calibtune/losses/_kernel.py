@@ -101,8 +101,9 @@ class _TargetProbLoss(torch.autograd.Function):
             g = gamma.select(p_y) if isinstance(gamma, Schedule) else gamma
             if dual:
                 # log-gap to every class strictly below p_y; +inf for y, ties and classes above
-                # (threshold avoids a bool mask, whose mixed-dtype ops are slow on CPU)
-                gap = F.threshold(torch.sub(-nlp.unsqueeze(1), logp), 0.0, float("inf"))
+                # (threshold avoids a bool mask, whose mixed-dtype ops are slow on CPU; in place,
+                # because a second fresh (B, K) buffer costs as much as the pass)
+                gap = F.threshold_(torch.sub(-nlp.unsqueeze(1), logp), 0.0, float("inf"))
                 gap_j, j = gap.min(dim=1)
                 p_j = torch.exp(-nlp - gap_j)  # 0 when nothing is below p_y
                 base = p_j - m
@@ -157,7 +158,7 @@ class _TargetProbLoss(torch.autograd.Function):
             gb = g * (2.0 * brier_weight)
             t = s2 - p_y  # Σ_i p_i (p_i − y_i)
             shift = -gb * t if row is None else row - gb * t
-            grad = (p * _col(gb)).add_(_col(shift)).mul_(p)  # p ⊙ (row + gb·(p − t))
+            grad = torch.addcmul(_col(shift), p, _col(gb)).mul_(p)  # p ⊙ (row + gb·(p − t))
             brier_y = (m - t).mul_(p_y).mul_(gb)  # gb·p_y·(p_y − 1 − t)
             at_y = brier_y if at_y is None else at_y.add_(brier_y)
         else:
