@@ -158,7 +158,7 @@ class _TargetProbLoss(torch.autograd.Function):
             gb = g * (2.0 * brier_weight)
             t = s2 - p_y  # Σ_i p_i (p_i − y_i)
             shift = -gb * t if row is None else row - gb * t
-            grad = torch.addcmul(_col(shift), p, _col(gb)).mul_(p)  # p ⊙ (row + gb·(p − t))
+            grad = (p * _col(gb)).add_(_col(shift)).mul_(p)  # p ⊙ (row + gb·(p − t))
             brier_y = (m - t).mul_(p_y).mul_(gb)  # gb·p_y·(p_y − 1 − t)
             at_y = brier_y if at_y is None else at_y.add_(brier_y)
         else:
