@@ -242,11 +242,10 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         reduction, a, c_y, in_dtype = ctx.setup
         if grad_out.dtype != logp.dtype:
             grad_out = grad_out.to(logp.dtype)
-        b = logp.shape[0]
-        g = expand_reduced_grad(grad_out, reduction, b)
-        # dℓ/dz = p − s = (p − a) − c_y·onehot(y)
-        grad = logp.exp().sub_(a).mul_(_col(g))
-        grad.scatter_add_(1, targets.unsqueeze(1), (g * -c_y).expand(b).unsqueeze(1))
+        g = expand_reduced_grad(grad_out, reduction, logp.shape[0])
+        # dℓ/dz = p − s: log-softmax's backward of −s (ΣG = −1), scaled by the incoming gradient
+        neg_s = torch.full_like(logp, -a).scatter_(1, targets.unsqueeze(1), -a - c_y)
+        grad = torch._log_softmax_backward_data(neg_s, logp, 1, logp.dtype).mul_(_col(g))
         return grad if grad.dtype == in_dtype else grad.to(in_dtype), *(None,) * 4
 
 
@@ -256,9 +255,10 @@ def smoothed_cross_entropy(
     """Cross-entropy against s = (1 − α) on y and α/(K − 1) on every other class, fused.
 
     Per sample ``ℓ = (1 − α − a)(−log p_y) − a Σ_k log p_k`` with ``a = α/(K − 1)``, gradient
-    ``p − s``: one log_softmax, one row sum, and in backward one exp and one scatter — fewer
-    passes and graph nodes than ``F.cross_entropy(label_smoothing=…)``. Inputs are not checked;
-    α ∈ [0, (K − 1)/K] is the caller's (`calibtune.losses.functional.label_smoothing_loss`).
+    ``p − s``: one log_softmax and one row sum forward, one fill, one log-softmax backward and one
+    scaling backward — one graph node instead of ``F.cross_entropy(label_smoothing=…)``'s several.
+    Inputs are not checked; α ∈ [0, (K − 1)/K] is the caller's
+    (`calibtune.losses.functional.label_smoothing_loss`).
     """
     need_grad = torch.is_grad_enabled() and logits.requires_grad
     return _SmoothedCrossEntropy.apply(logits, targets, alpha, reduction, need_grad)
