@@ -146,19 +146,20 @@ def adaece(
 def _classwise_ece(prep: _Prepared, n_bins: int) -> float:
     p, y = prep.p, prep.y
     n, k = p.shape
-    # one (class, bin) id per entry; int32 and in place: N·K fresh int64 buffers cost more than
-    # the arithmetic (2.3× the time of this function at 10k × 100 on CPU)
-    ids = equal_width_ids(p, n_bins, out_int32=True)
-    ids.add_(n_bins * torch.arange(k, device=p.device, dtype=torch.int32))
-    ids = ids.view(-1)
-    conf_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
-    conf_sum.index_add_(0, ids, prep.p64.reshape(-1))
+    # Most entries of a K-class probability matrix lie in the first bin (p ≤ 1/n_bins): bin only
+    # the others, and get each class's first-bin sum as its column total minus theirs (10k × 100:
+    # 3 % of the entries; ~3× faster than binning all N·K on CPU, the same ids and sums).
+    upper = (p > equal_width_edges(n_bins, p.dtype, p.device)[1]).view(-1).nonzero().squeeze(1)
+    cls = upper.remainder(k)
+    ids = equal_width_ids(p.view(-1)[upper], n_bins).add_(cls, alpha=n_bins)
+    conf_sum = torch.zeros(k, n_bins, dtype=_F64, device=p.device)
+    conf_sum.view(-1).index_add_(0, ids, prep.p64.view(-1)[upper])
+    conf_sum[:, 0] = prep.p64.sum(0) - conf_sum[:, 1:].sum(1)
     # 1{y = k} is non-zero only at (n, y_n): N entries instead of N·K
-    hit = ids.view(n, k).gather(1, y[:, None]).squeeze(1)
-    acc_sum = torch.zeros_like(conf_sum).index_add_(
-        0, hit, torch.ones(n, dtype=_F64, device=p.device)
-    )
-    return float((acc_sum - conf_sum).abs().sum() / (n * k))
+    hit = equal_width_ids(p.gather(1, y[:, None]).squeeze(1), n_bins).add_(y, alpha=n_bins)
+    acc_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
+    acc_sum.index_add_(0, hit, torch.ones(n, dtype=_F64, device=p.device))
+    return float((acc_sum - conf_sum.view(-1)).abs().sum() / (n * k))
 
 
 def classwise_ece(

@@ -48,16 +48,15 @@ def equal_width_edges(n_bins: int, dtype: torch.dtype, device: torch.device) -> 
     return (k / n_bins).to(dtype)
 
 
-def equal_width_ids(values: torch.Tensor, n_bins: int, *, out_int32: bool = False) -> torch.Tensor:
+def equal_width_ids(values: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Bin index in ``[0, n_bins)`` of every value for bins ``(lo, hi]``; 0 maps to bin 0.
 
-    Shapes: ``values`` any shape, returns the same shape (int64, or int32 with ``out_int32``:
-    half the memory for N·K ids). Values are compared with the edges in their own dtype (see the
-    module docstring).
+    Shapes: ``values`` any shape, returns the same shape (int64). Values are compared with the
+    edges in their own dtype (see the module docstring).
     """
     edges = equal_width_edges(n_bins, values.dtype, values.device)
     # bucketize(right=False) returns i with edges[i-1] < v <= edges[i] over the inner edges.
-    return torch.bucketize(values, edges[1:-1], right=False, out_int32=out_int32)
+    return torch.bucketize(values, edges[1:-1], right=False)
 
 
 def equal_mass_sizes(n: int, n_bins: int) -> list[int]:
