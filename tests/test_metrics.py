@@ -63,6 +63,17 @@ def test_classwise_ece_uses_probs_width_not_max_label():
     assert M.classwise_ece(probs, labels) == pytest.approx(np.mean(per_class), abs=1e-12)
 
 
+@pytest.mark.parametrize(("k", "concentration"), [(2, 1.0), (30, 0.05), (30, 5.0)])
+def test_classwise_ece_matches_the_per_class_loop(k, concentration):
+    # few or most entries above the first bin edge (classwise ECE bins only those, see
+    # `_classwise_ece`), and p = 0 entries in the first bin
+    rng = np.random.default_rng(k)
+    probs = rng.dirichlet(np.full(k, concentration), size=400)
+    labels = rng.integers(0, k, size=400)
+    per_class = [_naive_ece_binary(probs[:, c], (labels == c).astype(float), 15) for c in range(k)]
+    assert M.classwise_ece(probs, labels) == pytest.approx(np.mean(per_class), abs=1e-12)
+
+
 def _naive_ece_binary(p: np.ndarray, t: np.ndarray, n_bins: int) -> float:
     """Reference: the loop of the focal_calibration code over (lo, hi] bins."""
     edges = np.linspace(0, 1, n_bins + 1)
