@@ -297,9 +297,10 @@ def test_dual_focal_hand_values_spelled_out() -> None:
     )
 
 
+@pytest.mark.parametrize("k", [6, 300])  # 300: the two-level p_j search (K ≥ 4 chunks)
 @pytest.mark.parametrize("gamma", [0.5, 2.0, 5.0])
-def test_dual_focal_matches_the_formula_with_gradients(gamma: float) -> None:
-    z, y = _logits(32, 6, seed=12, dtype=torch.float64)
+def test_dual_focal_matches_the_formula_with_gradients(gamma: float, k: int) -> None:
+    z, y = _logits(32, k, seed=12, dtype=torch.float64)
     _close_with_grads(
         lambda t: F_cal.dual_focal_loss(t, y, gamma, "none"), lambda t: _ref_dual(t, y, gamma), z
     )
