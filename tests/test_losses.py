@@ -302,9 +302,10 @@ def test_dual_focal_hand_values_spelled_out() -> None:
     )
 
 
+@pytest.mark.parametrize("k", [6, 300])  # 300: the two-level p_j search (K ≥ 4 chunks)
 @pytest.mark.parametrize("gamma", [0.5, 2.0, 5.0])
-def test_dual_focal_matches_the_formula_with_gradients(gamma: float) -> None:
-    z, y = _logits(32, 6, seed=12, dtype=torch.float64)
+def test_dual_focal_matches_the_formula_with_gradients(gamma: float, k: int) -> None:
+    z, y = _logits(32, k, seed=12, dtype=torch.float64)
     _close_with_grads(
         lambda t: F_cal.dual_focal_loss(t, y, gamma, "none"), lambda t: _ref_dual(t, y, gamma), z
     )
@@ -338,6 +339,12 @@ def test_label_smoothing() -> None:
         return -(s * torch.log_softmax(t, 1)).sum(1).mean()
 
     _close_with_grads(lambda t: F_cal.label_smoothing_loss(t, y, 0.1), ref, z)
+    # the fused kernel against torch's own smoothing (ε = αK/(K − 1)), per sample
+    _close_with_grads(
+        lambda t: F_cal.label_smoothing_loss(t, y, 0.25, "none"),
+        lambda t: TF.cross_entropy(t, y, reduction="none", label_smoothing=0.25 * 6 / 5),
+        z,
+    )
     # at α = (K − 1)/K the target is uniform
     uniform = F_cal.label_smoothing_loss(z, y, 5 / 6)
     assert uniform.item() == pytest.approx(-torch.log_softmax(z, 1).mean(1).mean().item())
@@ -481,6 +488,8 @@ def test_mmce_is_zero_when_one_group_is_empty() -> None:
         lambda t, y: F_cal.dual_focal_loss(t, y, 2.0),
         lambda t, y: F_cal.fcl_loss(t, y, 2.0, 0.7, "none"),
         lambda t, y: F_cal.brier_loss(t, y, "sum"),
+        lambda t, y: F_cal.label_smoothing_loss(t, y, 0.3, "none"),
+        lambda t, y: F_cal.label_smoothing_loss(t, y, 0.2, "sum"),
         lambda t, y: F_cal.flsd_loss(t, y, (5.0, 3.0), (0.2,)),
         lambda t, y: F_cal.adadual_focal_loss(
             t, y, torch.tensor([2.0, -1.0, 0.5], dtype=torch.float64), torch.tensor([0.2, 0.5])
@@ -511,7 +520,7 @@ def test_half_precision_is_computed_in_float32() -> None:
     # gradient), not a computation carried out in bfloat16
     z, y = _logits(16, 5, seed=19)
     zb = z.bfloat16()
-    for name in ("focal", "dual_focal", "fcl"):
+    for name in ("focal", "dual_focal", "fcl", "label_smoothing"):
         loss = build_loss(name)
         z16, z32 = zb.clone().requires_grad_(True), zb.float().requires_grad_(True)
         out16, out32 = loss(z16, y), loss(z32, y)

@@ -63,6 +63,17 @@ def test_classwise_ece_uses_probs_width_not_max_label():
     assert M.classwise_ece(probs, labels) == pytest.approx(np.mean(per_class), abs=1e-12)
 
 
+@pytest.mark.parametrize(("k", "concentration"), [(2, 1.0), (30, 0.05), (30, 5.0)])
+def test_classwise_ece_matches_the_per_class_loop(k, concentration):
+    # few or most entries above the first bin edge (classwise ECE bins only those, see
+    # `_classwise_ece`), and p = 0 entries in the first bin
+    rng = np.random.default_rng(k)
+    probs = rng.dirichlet(np.full(k, concentration), size=400)
+    labels = rng.integers(0, k, size=400)
+    per_class = [_naive_ece_binary(probs[:, c], (labels == c).astype(float), 15) for c in range(k)]
+    assert M.classwise_ece(probs, labels) == pytest.approx(np.mean(per_class), abs=1e-12)
+
+
 def _naive_ece_binary(p: np.ndarray, t: np.ndarray, n_bins: int) -> float:
     """Reference: the loop of the focal_calibration code over (lo, hi] bins."""
     edges = np.linspace(0, 1, n_bins + 1)
@@ -287,6 +298,30 @@ def test_smece_matches_relplot():
     probs = torch.softmax(torch.tensor(logits), 1).numpy()
     f, y = relplot.multiclass_logits_to_confidences(probs, labels, probs=True)
     assert M.smece(probs, labels) == pytest.approx(float(relplot.smECE(f, y)), abs=1e-12)
+
+
+def _smece_case(name: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if name == "overconfident":
+        f = rng.uniform(0, 1, n)
+        return f, (rng.uniform(0, 1, n) < f**1.5).astype(float)
+    if name == "calibrated":
+        f = rng.beta(5, 1, n)
+        return f, (rng.uniform(0, 1, n) < f).astype(float)
+    if name == "near_one":  # σ search ends below 0.01: grid sizes other than relplot's 1001
+        return np.clip(rng.normal(0.99, 0.01, n), 0, 1), np.ones(n)
+    return np.full(n, 0.3), np.zeros(n)  # "constant": one grid cell, every outcome 0
+
+
+@pytest.mark.parametrize("name", ["overconfident", "calibrated", "near_one", "constant"])
+@pytest.mark.parametrize("n", [1, 7, 1000, 20000])
+def test_native_smece_matches_relplot(name, n):
+    """The vectorised smECE (`metrics._smece`) against relplot's own on the same (f, y)."""
+    import relplot
+
+    from calibtune.metrics._smece import smooth_ece
+
+    f, y = _smece_case(name, n, np.random.default_rng(n))
+    assert smooth_ece(f, y) == pytest.approx(float(relplot.smECE(f, y)), abs=1e-9)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.3, 3.0])

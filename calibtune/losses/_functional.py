@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from calibtune._registry import Param
 
-from ._kernel import Schedule, target_prob_loss
+from ._kernel import Schedule, smoothed_cross_entropy, target_prob_loss
 from ._reduce import Reduction, check_reduction, reduce_loss
 
 __all__ = [
@@ -343,8 +343,10 @@ def label_smoothing_loss(
 ) -> torch.Tensor:
     """Cross-entropy against s = (1 − α) on y and α/(K − 1) elsewhere (Mukhoti et al. §5).
 
-    ``F.cross_entropy(label_smoothing=ε)`` spreads ε/K over *all* classes, so ε = αK/(K − 1) gives
-    the same target; α must be ≤ (K − 1)/K (beyond it y would get less mass than the others).
+    (``F.cross_entropy(label_smoothing=ε)`` spreads ε/K over *all* classes: ε = αK/(K − 1) is the
+    same target.) α must be ≤ (K − 1)/K (beyond it y would get less mass than the others).
+    Computed by the fused `calibtune.losses._kernel.smoothed_cross_entropy` (closed-form gradient
+    p − s), which is faster than ``F.cross_entropy(label_smoothing=ε)`` on CPU.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "label_smoothing_loss")
@@ -355,10 +357,7 @@ def label_smoothing_loss(
             "label_smoothing_loss: alpha: expected a number in [0, (K-1)/K] = "
             f"[0, {(k - 1) / k:.4g}] for K={k} classes, got {alpha!r}"
         )
-    eps = min(1.0, alpha * k / (k - 1))
-    return F.cross_entropy(
-        logits, targets, reduction=_reduction(reduction, validate_args), label_smoothing=eps
-    )
+    return smoothed_cross_entropy(logits, targets, alpha, _reduction(reduction, validate_args))
 
 
 MMCE_NORMALIZATIONS: tuple[str, ...] = ("kumar", "focal_calibration")

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._smece import smooth_ece
 from .binning import (
     bin_stats,
     binned_gap,
@@ -145,16 +146,20 @@ def adaece(
 def _classwise_ece(prep: _Prepared, n_bins: int) -> float:
     p, y = prep.p, prep.y
     n, k = p.shape
-    offset = n_bins * torch.arange(k, device=p.device)
-    ids = (equal_width_ids(p, n_bins) + offset).reshape(-1)
-    conf_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
-    conf_sum.index_add_(0, ids, prep.p64.reshape(-1))
+    # Most entries of a K-class probability matrix lie in the first bin (p ≤ 1/n_bins): bin only
+    # the others, and get each class's first-bin sum as its column total minus theirs (10k × 100:
+    # 3 % of the entries; ~3× faster than binning all N·K on CPU, the same ids and sums).
+    upper = (p > equal_width_edges(n_bins, p.dtype, p.device)[1]).view(-1).nonzero().squeeze(1)
+    cls = upper.remainder(k)
+    ids = equal_width_ids(p.view(-1)[upper], n_bins).add_(cls, alpha=n_bins)
+    conf_sum = torch.zeros(k, n_bins, dtype=_F64, device=p.device)
+    conf_sum.view(-1).index_add_(0, ids, prep.p64.view(-1)[upper])
+    conf_sum[:, 0] = prep.p64.sum(0) - conf_sum[:, 1:].sum(1)
     # 1{y = k} is non-zero only at (n, y_n): N entries instead of N·K
-    hit = ids.view(n, k).gather(1, y[:, None]).squeeze(1)
-    acc_sum = torch.zeros_like(conf_sum).index_add_(
-        0, hit, torch.ones(n, dtype=_F64, device=p.device)
-    )
-    return float((acc_sum - conf_sum).abs().sum() / (n * k))
+    hit = equal_width_ids(p.gather(1, y[:, None]).squeeze(1), n_bins).add_(y, alpha=n_bins)
+    acc_sum = torch.zeros(k * n_bins, dtype=_F64, device=p.device)
+    acc_sum.index_add_(0, hit, torch.ones(n, dtype=_F64, device=p.device))
+    return float((acc_sum - conf_sum.view(-1)).abs().sum() / (n * k))
 
 
 def classwise_ece(
@@ -182,7 +187,10 @@ def _nll_from_probs(prep: _Prepared) -> float:
 def _brier(prep: _Prepared) -> float:
     p = prep.p64
     # Σ_k (p_k − y_k)² = Σ_k p_k² − 2 p_y + 1
-    sq = torch.linalg.vecdot(p, p) - 2 * p.gather(1, prep.y[:, None]).squeeze(1) + 1
+    # Σ_k p_k² as a batched (1, K)·(K, 1) product: `vecdot` materialises p ⊙ p, and that fresh
+    # N·K buffer cost 4.1 ms against 0.6 ms for bmm inside the report (10k × 100, CPU)
+    sq = torch.bmm(p.unsqueeze(1), p.unsqueeze(2)).view(-1)
+    sq = sq - 2 * p.gather(1, prep.y[:, None]).squeeze(1) + 1
     return float(sq.mean())
 
 
@@ -309,19 +317,16 @@ def ece_sweep(
 
 
 def _smece(prep: _Prepared) -> float:
-    import relplot  # slow to import (scipy.stats); only smECE needs it
-
-    f = prep.conf64.cpu().numpy()
-    y = prep.correct64.cpu().numpy()
-    return float(relplot.smECE(f, y))
+    return smooth_ece(prep.conf64.cpu().numpy(), prep.correct64.cpu().numpy())
 
 
 def smece(probs: ArrayLike, labels: ArrayLike, *, validate_args: bool = True) -> float:
-    """Smooth ECE (smECE) of the top-label confidence, computed by the authors' `relplot` package.
+    """Smooth ECE (smECE) of the top-label confidence: the authors' `relplot` algorithm, vectorised.
 
     smECE(f, y) = Σ over a kernel-smoothed residual r̂_σ(t) = E[y − f | f ≈ t] weighted by the
     smoothed density, with σ the fixed point σ = smECE_σ (Błasiok & Nakkiran 2023; used as smCE in
-    the Focal Calibration Loss paper). Here f = max_k p_k and y = 1{argmax = label}.
+    the Focal Calibration Loss paper). Here f = max_k p_k and y = 1{argmax = label}. Equals
+    ``relplot.smECE(f, y)`` to ≤ 1e-9 (`calibtune.metrics._smece`, tested against relplot).
     """
     p, y = probs_labels(probs, labels, validate_args=validate_args)
     return _smece(_Prepared(p, y))
