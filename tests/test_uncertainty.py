@@ -13,6 +13,7 @@ import torch
 
 from calibtune import metrics as M
 from calibtune.metrics import keys as K
+from calibtune.posthoc import refinement_nll
 
 # ----------------------------------------------------------------------------- selective
 
@@ -88,11 +89,11 @@ def test_refinement_nll_is_the_nll_after_nll_optimal_temperature() -> None:
     z = torch.randn(400, 5, generator=g, dtype=torch.float64)
     y = torch.distributions.Categorical(logits=z).sample()  # calibrated at T = 1 ...
     hot = 3 * z  # ... so these logits are over-confident by T = 3
-    ref = M.refinement_nll(hot, y)
+    ref = refinement_nll(hot, y)
     assert ref <= M.nll(torch.softmax(hot, 1), y)
     grid = [M.nll(torch.softmax(hot / t, 1), y) for t in np.linspace(2, 4.5, 251)]
     assert ref == pytest.approx(min(grid), abs=1e-6)
-    assert M.refinement_nll(hot, y) == pytest.approx(M.refinement_nll(z, y), abs=1e-8)
+    assert refinement_nll(hot, y) == pytest.approx(refinement_nll(z, y), abs=1e-8)
 
 
 # ----------------------------------------------------------------------------- bootstrap

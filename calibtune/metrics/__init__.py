@@ -25,9 +25,7 @@ _EXPORTS = {
         ],
         "._bootstrap",
     ),
-    **dict.fromkeys(
-        ["augrc", "aurc", "refinement_nll", "risk_coverage", "selective_report"], "._selective"
-    ),
+    **dict.fromkeys(["augrc", "aurc", "risk_coverage", "selective_report"], "._selective"),
     **dict.fromkeys(
         [
             "adaece",

@@ -28,9 +28,9 @@ from __future__ import annotations
 import torch
 
 from .keys import SELECTIVE_KEYS
-from .validation import ArrayLike, logits_labels, probs_labels
+from .validation import ArrayLike, probs_labels
 
-__all__ = ["SELECTIVE_KEYS", "augrc", "aurc", "refinement_nll", "risk_coverage", "selective_report"]
+__all__ = ["SELECTIVE_KEYS", "augrc", "aurc", "risk_coverage", "selective_report"]
 
 _F64 = torch.float64
 
@@ -97,23 +97,3 @@ def selective_report(
     """`SELECTIVE_KEYS` from one sort: ``{"aurc": …, "augrc": …}``."""
     curve = risk_coverage(probs, labels, validate_args=validate_args)
     return {"aurc": float(curve["risk"].mean()), "augrc": float(curve["generalized_risk"].mean())}
-
-
-def refinement_nll(
-    logits: ArrayLike,
-    labels: ArrayLike,
-    t_min: float = 0.01,
-    t_max: float = 100.0,
-    *,
-    validate_args: bool = True,
-) -> float:
-    """min over T ∈ [t_min, t_max] of the mean NLL of softmax(logits / T) on these samples.
-
-    Shapes: logits (N, K) (log-probabilities work too: TS is shift-invariant per row), labels
-    (N,). The fit is `calibtune.posthoc`'s NLL temperature search (bounded Brent over log T;
-    NLL is convex in 1/T). Berta et al. 2025: refinement error = NLL after optimal re-calibration.
-    """
-    from calibtune.posthoc._temperature import fit_temperature_nll  # posthoc imports metrics
-
-    z, y = logits_labels(logits, labels, validate_args=validate_args)
-    return fit_temperature_nll(z, y, t_min, t_max)[1]

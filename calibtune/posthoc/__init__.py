@@ -36,7 +36,12 @@ from ._focal import (
 )
 from ._registry import POSTHOC, build_posthoc, list_posthoc
 from ._spline import SplineCalibration
-from ._temperature import DEFAULT_TEMPERATURES, TEMPERATURE_GRIDS, TemperatureScaling
+from ._temperature import (
+    DEFAULT_TEMPERATURES,
+    TEMPERATURE_GRIDS,
+    TemperatureScaling,
+    refinement_nll,
+)
 
 __all__ = [
     "DEFAULT_FOCAL_TEMPERATURES",
@@ -57,4 +62,5 @@ __all__ = [
     "build_posthoc",
     "focal_calibration_map",
     "list_posthoc",
+    "refinement_nll",
 ]

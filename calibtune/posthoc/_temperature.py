@@ -21,6 +21,7 @@ import torch
 from scipy.optimize import minimize_scalar
 
 from calibtune._registry import Param
+from calibtune.metrics.validation import ArrayLike, logits_labels
 
 from ._base import PosthocCalibrator
 from ._grid import binned_criterion_grid, first_minimum
@@ -254,3 +255,21 @@ class TemperatureScaling(PosthocCalibrator):
 
     def _params(self) -> dict[str, float]:
         return {"T": float(self.T)}
+
+
+def refinement_nll(
+    logits: ArrayLike,
+    labels: ArrayLike,
+    t_min: float = 0.01,
+    t_max: float = 100.0,
+    *,
+    validate_args: bool = True,
+) -> float:
+    """min over T ∈ [t_min, t_max] of the mean NLL of softmax(logits / T) on these samples.
+
+    Shapes: logits (N, K) (log-probabilities work too: TS is shift-invariant per row), labels
+    (N,). The fit is `fit_temperature_nll` (bounded Brent over log T;
+    NLL is convex in 1/T). Berta et al. 2025: refinement error = NLL after optimal re-calibration.
+    """
+    z, y = logits_labels(logits, labels, validate_args=validate_args)
+    return fit_temperature_nll(z, y, t_min, t_max)[1]

@@ -69,7 +69,7 @@ def _resampled(
 ) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
     """seed -> method -> {metric: (1 + B,)}: the full test set first, then every resample."""
     from calibtune.metrics import bootstrap_top_label
-    from calibtune.training._uncertainty import prediction_name
+    from calibtune.training import prediction_name
 
     full = torch.cat([torch.arange(indices.shape[1])[None], indices])
     out: dict[str, dict[str, dict[str, torch.Tensor]]] = {}

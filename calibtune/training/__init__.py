@@ -21,6 +21,7 @@ from calibtune.training._loop import (
     train_epochs,
 )
 from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
+from calibtune.training._uncertainty import prediction_name
 
 __all__ = [
     "EpochCache",
@@ -38,6 +39,7 @@ __all__ = [
     "infer_logits",
     "iterate_batches",
     "lr_schedule",
+    "prediction_name",
     "shift_logits",
     "shift_metrics",
     "train_epochs",

@@ -53,10 +53,11 @@ def selective_metrics(probs: Tensor, labels: Tensor, split: str, method: str = "
     """``<split>/{aurc,augrc,refinement_nll}[@<method>]`` of probs (N, K) (`K.FINAL_ONLY_KEYS`;
     the refinement NLL refits TS on log p, which equals TS on the logits)."""
     from calibtune import metrics as M
+    from calibtune.posthoc import refinement_nll
 
     out = M.selective_report(probs, labels, validate_args=False)
     log_p = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
-    out["refinement_nll"] = M.refinement_nll(log_p, labels, validate_args=False)
+    out["refinement_nll"] = refinement_nll(log_p, labels, validate_args=False)
     return {K.key(split, m, method): v for m, v in out.items()}
 
 
