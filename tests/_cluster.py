@@ -98,6 +98,9 @@ class Cluster:
         tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: socket paths are limited
         log = self.logs / f"{Path(tmp).name}.log"
         common = ["--num-cpus", str(self.num_cpus), "--object-store-memory", str(150 * 1024**2)]
+        # Ray's fixed default (52365) is taken by any other Ray on the machine (another node of
+        # this cluster, a local study): its job agent would then never serve (no job can start)
+        common += ["--dashboard-agent-listen-port", str(free_port())]
         argv = [RAY, "start", "--block", "--disable-usage-stats", "--temp-dir", tmp, *common]
         proc = subprocess.Popen(
             [*argv, "--node-ip-address", "127.0.0.1", *args],

@@ -74,7 +74,7 @@ def follow(client: Any, job_id: str) -> int:
 
 def submit_job(client: Any, **job: Any) -> str:
     """``client.submit_job(**job)``, retried while the head answers that its job agent is not
-    up yet (a freshly started cluster), for at most a minute."""
+    up yet (a freshly started cluster), for at most `_AGENT_WAIT_S`."""
     deadline = time.monotonic() + _AGENT_WAIT_S
     while True:
         try:
