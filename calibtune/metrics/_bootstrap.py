@@ -32,7 +32,7 @@ from .binning import equal_mass_order, equal_mass_sizes, equal_width_ids
 from .keys import REPORT_KEYS
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
-# Lazy: relplot (5.5 s to import after torch, `python -X importtime` on the loaded box) only
+# Lazy: relplot (slower to import than this module with torch, by `python -X importtime`) only
 # when a bootstrap asks for smECE.
 
 __all__ = [

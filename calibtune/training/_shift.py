@@ -29,9 +29,9 @@ from calibtune import metrics as M
 from calibtune.metrics import keys as K
 from calibtune.posthoc import build_posthoc
 
-# Lazy: `calibtune.data` (torchvision, scipy: +4 s after torch with `python -X importtime` on
-# the loaded box) only where shift sets are loaded, so that `import calibtune.training` (report
-# --baseline) does not pay for it.
+# Lazy: `calibtune.data` (torchvision, scipy: slow to import even after torch, by
+# `python -X importtime`) only where shift sets are loaded, so that `import calibtune.training`
+# (report --baseline) does not pay for it.
 
 __all__ = ["UNCALIBRATED", "ShiftLogits", "epoch_val_shift", "shift_logits", "shift_metrics"]
 
