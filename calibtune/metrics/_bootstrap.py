@@ -32,6 +32,9 @@ from .binning import equal_mass_order, equal_mass_sizes, equal_width_ids
 from .keys import REPORT_KEYS
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
+# Lazy: relplot (slower to import than this module with torch, by `python -X importtime`) only
+# when a bootstrap asks for smECE.
+
 __all__ = [
     "bootstrap_indices",
     "bootstrap_report",
@@ -221,7 +224,7 @@ def _classwise(p: torch.Tensor, y: torch.Tensor, w: torch.Tensor, n_bins: int) -
 
 
 def _smece(conf: torch.Tensor, correct: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    import relplot  # slow to import; one smECE fixed point per resample (not vectorisable)
+    import relplot  # one smECE fixed point per resample (not vectorisable)
 
     f, y = conf.to(_F64).cpu().numpy(), correct.to(_F64).cpu().numpy()
     vals = [float(relplot.smECE(f[i], y[i])) for i in indices.cpu().numpy()]

@@ -24,6 +24,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from calibtune.plots._selective import plot_risk_coverage
 from calibtune.plots._shift import plot_shift
 
 # A title at a fixed height: matplotlib otherwise measures every tick label to place it
@@ -185,7 +186,5 @@ def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
     if (d / "risk_coverage.json").is_file() and (
         rc := json.loads(d.joinpath("risk_coverage.json").read_text())
     ):
-        from calibtune.plots._selective import plot_risk_coverage
-
         save(plot_risk_coverage(rc), "risk_coverage.png")
     return written

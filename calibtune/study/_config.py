@@ -8,7 +8,9 @@ settings and tracking. Every error names the file, the key path and what was exp
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,10 @@ from calibtune.study._spaces import (
     load_yaml,
     parse_loss_space,
 )
+
+# Lazy: `calibtune.trial` and `calibtune.posthoc` (torch) only where a trial config is built or
+# checked, so that compare/report/export read a study back without torch
+# (tests/test_cli_imports.py).
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 SCHEDULERS = ("none", "asha")
@@ -188,8 +194,6 @@ def _check_reported(objectives: Sequence[Any], base: Any, path: str = "objective
     method added to ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method
     counts.
     ``base`` is the validated base trial config (`_base_trial`)."""
-    import dataclasses
-
     from calibtune.posthoc import list_posthoc
 
     every = dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True)
@@ -353,8 +357,6 @@ def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
         ends = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
         for v in ends:
             try:
-                import json
-
                 config_from_dict(apply_overrides(base_trial, [f"{key}={json.dumps(v)}"]))
             except ValueError as exc:
                 raise StudyError(

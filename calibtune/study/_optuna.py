@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
+import optuna
 from optuna.distributions import (
     BaseDistribution,
     CategoricalDistribution,
@@ -78,16 +80,12 @@ def conditional_grid(study: StudyConfig) -> list[dict[str, Any]]:
 def make_sampler(study: StudyConfig) -> Any:
     """The study's Optuna sampler. Optuna's ExperimentalWarning for the options chosen here
     (TPE's ``group``) is silenced: users cannot act on it."""
-    import optuna
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return _sampler(study)
 
 
 def _sampler(study: StudyConfig) -> Any:
-    import optuna
-
     s = study.search
     seed = s.sampler_seed
     if s.sampler == "tpe":
@@ -161,8 +159,6 @@ def flat_params(config: dict[str, Any]) -> dict[str, Any]:
 @contextlib.contextmanager
 def quiet_optuna() -> Iterator[None]:
     """Optuna's INFO lines ("Using an existing study ...") off while the driver records trials."""
-    import optuna
-
     level = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
@@ -174,8 +170,6 @@ def quiet_optuna() -> Iterator[None]:
 def open_optuna_study(study: StudyConfig, storage: str) -> Any:
     """The study's Optuna study in ``storage`` (created on first use, directions from the
     objectives)."""
-    import optuna
-
     directions = ["minimize" if o.mode == "min" else "maximize" for o in study.search.objectives]
     with quiet_optuna():
         ot_study = optuna.create_study(
@@ -203,8 +197,6 @@ def record_trial(
     one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA). A COMPLETE trial of a
     constrained study also gets its constraint values (``result``: its last report) where
     `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads."""
-    import optuna
-
     if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
         return False
     dists = distributions(study)
@@ -234,8 +226,6 @@ def ended_state(
     """Optuna's state of an ended Tune trial: FAIL if it failed (or its objective is missing or
     not finite), PRUNED if ASHA stopped it (its last report lacks ``calibtune/done``), else
     COMPLETE with its objective values."""
-    import math
-
     result = result or {}
     if error:
         return "FAIL", None

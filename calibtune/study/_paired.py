@@ -23,8 +23,10 @@ import numpy as np
 import pandas as pd
 import torch
 
+from calibtune.metrics import bootstrap_indices, bootstrap_top_label, percentile_ci
 from calibtune.study._results import StudyRef, trials_frame
 from calibtune.study._tracking import PARENT, _client, find_runs
+from calibtune.training import prediction_name
 
 __all__ = ["PAIRED_METRICS", "paired_table"]
 
@@ -68,9 +70,6 @@ def _resampled(
     by_seed: Mapping[str, Mapping[str, np.ndarray]], indices: torch.Tensor, n_bins: int
 ) -> dict[str, dict[str, dict[str, torch.Tensor]]]:
     """seed -> method -> {metric: (1 + B,)}: the full test set first, then every resample."""
-    from calibtune.metrics import bootstrap_top_label
-    from calibtune.training import prediction_name
-
     full = torch.cat([torch.arange(indices.shape[1])[None], indices])
     out: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
     for seed, preds in by_seed.items():
@@ -95,8 +94,6 @@ def _paired_rows(
     level: float,
 ) -> list[dict[str, Any]]:
     """Rows of one loss: seeds paired by value (in order when the two share none)."""
-    from calibtune.metrics import percentile_ci
-
     common = sorted(set(runs) & set(base))
     pairs = [(s, s) for s in common] or list(zip(sorted(runs), sorted(base), strict=False))
     methods = sorted(set.intersection(*(set(runs[a]) & set(base[b]) for a, b in pairs)))
@@ -137,8 +134,6 @@ def paired_table(
     """One row per (loss ≠ baseline, post-hoc method, metric): the difference to the baseline in
     percentage points, its paired-bootstrap CI, the number of paired seeds and whether it is
     resolved. ``baseline``: a loss label of the study (else ValueError listing them)."""
-    from calibtune.metrics import bootstrap_indices
-
     best = _best_runs(ref)
     if baseline not in best:
         raise ValueError(

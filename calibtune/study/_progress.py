@@ -13,9 +13,14 @@ from typing import Any
 
 from calibtune.study._config import StudyConfig
 from calibtune.study._display import clear_line, live_display
+from calibtune.study._results import mark_feasibility
+from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import PARENT, TAG_STATUS, TAG_TRIAL, close_run, find_runs
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
+
+# Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
+# `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
 
 __all__ = ["min_free_bytes", "study_callbacks"]
 
@@ -57,9 +62,6 @@ def study_callbacks(
 
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
-
-    from calibtune.study._results import mark_feasibility
-    from calibtune.study._summary import refresh_summary
 
     def summarize(trial: Any, failed: bool) -> None:
         """Record the ended trial in the Optuna storage, then refresh the parent run."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -16,11 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
 from calibtune._provenance import LIBRARIES, installed_versions, provenance_comment
 from calibtune.metrics import keys as K
+from calibtune.study._config import load_study
 from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
@@ -54,8 +57,6 @@ def locate_study(
     study: str | Path, storage: str | Path | None = None, tracking_uri: str | None = None
 ) -> StudyRef:
     """Find a study by its YAML file, its storage directory, or its name."""
-    from calibtune.study._config import load_study
-
     p = Path(study)
     try:
         if p.is_file() and p.suffix in (".yaml", ".yml"):
@@ -160,8 +161,6 @@ def _parse_param(v: str) -> Any:
 def pareto_mask(values: Any, modes: Sequence[str]) -> Any:
     """Boolean mask (n,) of the rows of ``values`` (n, m) that no other row dominates
     (at least as good in every objective, strictly better in one); NaN rows are never optimal."""
-    import numpy as np
-
     v = np.asarray(values, dtype=float).copy()
     for j, mode in enumerate(modes):
         if mode == "max":
@@ -367,8 +366,6 @@ def export_best(
     The trial's own logged ``config.yaml`` is used (the exact resolved config), with its run name
     and storage reset so that re-training starts fresh instead of resuming the study's trial.
     """
-    import os
-
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     best = best_trials(ref, metric, top)
     out = Path(out_dir)

@@ -42,6 +42,9 @@ from calibtune.study._tracking import (
 )
 from calibtune.study._trainable import StudyPayload, make_trainable
 
+# Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)
+# only when a study runs, so that `calibtune dashboard` (`optuna_storage_url`) loads neither.
+
 __all__ = ["StudyOutcome", "resume_study", "run_study", "study_dir"]
 
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}

@@ -31,6 +31,10 @@ from calibtune._registry import Param
 from calibtune._validate import check_finite_number
 from calibtune._yaml import YamlError, YamlSyntaxError, cut, excerpt, load_file
 
+# Lazy: `calibtune.losses` (torch) only where a loss search space is checked against the
+# registry, so that `_config` (this module's importer) reads a study for compare/report/export
+# without torch (tests/test_cli_imports.py).
+
 SPEC_KEYS = {
     "float": {"type", "low", "high", "step", "log"},
     "int": {"type", "low", "high", "step", "log"},

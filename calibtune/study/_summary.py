@@ -16,17 +16,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
+from calibtune.study._optuna import persist_ended, quiet_optuna
 from calibtune.study._results import (
     StudyRef,
     compare_table,
     feasibility,
     format_table,
+    pareto_mask,
     report_table,
     trials_frame,
 )
 from calibtune.study._tracking import _client, log_metrics
+
+# Lazy: MLflow and matplotlib (`calibtune.plots`) only where a summary is logged or drawn, so that
+# `calibtune dashboard`, which imports `_search` and through it this module, loads neither.
 
 __all__ = ["TAG_BEST", "best_key", "refresh_summary", "study_params", "summarize_study"]
 
@@ -134,7 +141,6 @@ def _figures(
     import matplotlib.pyplot as plt
 
     from calibtune.plots import _study as P
-    from calibtune.study._results import pareto_mask
 
     def save(fig: Any, name: str) -> None:
         fig.savefig(out / name, dpi=100)
@@ -166,8 +172,6 @@ def param_importances(optuna_study: Any | None) -> tuple[Mapping[str, float], st
     why not (no persisted study, fewer than 2 finished trials, no parameter varies)."""
     if optuna_study is None:
         return {}, "no Optuna storage"
-    import optuna
-
     complete = optuna_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
     if len(complete) < 2:
         return {}, f"{len(complete)} finished trial(s) in Optuna, 2 needed"
@@ -193,8 +197,6 @@ def refresh_summary(
     """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`), then
     `summarize_study`. For the driver: a summary that cannot be written (a store briefly
     unavailable) never stops the study; returns a one-line warning instead."""
-    from calibtune.study._optuna import persist_ended
-
     try:
         if optuna_storage and ended:
             persist_ended(study, optuna_storage, list(ended))
@@ -209,10 +211,6 @@ def refresh_summary(
 
 def load_optuna_study(name: str, storage: str) -> Any | None:
     """The study's Optuna study from its RDB storage, or None when it has none yet."""
-    import optuna
-
-    from calibtune.study._optuna import quiet_optuna
-
     try:
         with quiet_optuna():
             return optuna.load_study(study_name=name, storage=storage)

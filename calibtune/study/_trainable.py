@@ -23,6 +23,9 @@ from calibtune.study._config import StudyConfig
 from calibtune.study._spaces import decode
 from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_missing
 
+# Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
+# `calibtune dashboard` (imports `_search`, which imports this module) loads neither.
+
 __all__ = ["StudyPayload", "aggregate", "failure_reason", "hyperparameters", "trial_dict"]
 
 # A Tune trial that only drives Ray Train workers holds no CPU (the workers need them) but a

@@ -4,6 +4,7 @@ given, checked) port, returned once they answer."""
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import signal
@@ -13,6 +14,11 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+
+from calibtune.study._tracking import EXPERIMENT_TAGS
+
+# Lazy: MLflow's client only in `ui_lines`, which runs once the UI server is up, so that
+# `calibtune ui` starts the server without first importing MLflow in this process.
 
 __all__ = [
     "check_port_free",
@@ -64,8 +70,6 @@ def ui_lines(uri: str, base: str) -> list[str]:
     (tagged ``mlflow.experimentKind=custom_model_development``, newest first) with the URL that
     opens on its runs."""
     from mlflow.tracking import MlflowClient
-
-    from calibtune.study._tracking import EXPERIMENT_TAGS
 
     kind = "mlflow.experimentKind"
     exps = MlflowClient(uri).search_experiments(
@@ -126,8 +130,6 @@ def port_number(text: str) -> int:
 def check_port_free(port: int, key: str = "--port") -> None:
     """Fail unless 127.0.0.1:port can be bound now: a port another server (perhaps another
     store's MLflow UI) holds would make us print a URL that serves something else."""
-    import errno
-
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         try:

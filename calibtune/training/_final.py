@@ -16,8 +16,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibtune import metrics as M
+from calibtune.metrics import calibration_report, reliability_table
 from calibtune.metrics import keys as K
+from calibtune.posthoc import build_posthoc
 from calibtune.training._shift import ShiftLogits, shift_metrics
+from calibtune.training._uncertainty import selective_metrics, uncertainty_metrics
 
 __all__ = ["FinalEvaluation", "OODLogits", "evaluate_final", "posthoc_val_metrics"]
 
@@ -44,8 +48,6 @@ class FinalEvaluation:
 
 
 def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]:
-    from calibtune.metrics import reliability_table
-
     t = reliability_table(probs, labels, n_bins=n_bins, binning="width")
     return {k: np.asarray(v, dtype=float).tolist() for k, v in t.items()}
 
@@ -53,8 +55,6 @@ def _table(probs: Tensor, labels: Tensor, n_bins: int) -> dict[str, list[float]]
 def _report(
     probs: Tensor, labels: Tensor, n_bins: int, method: str, split: str = "test"
 ) -> dict[str, float]:
-    from calibtune.metrics import calibration_report
-
     rep = calibration_report(probs=probs, labels=labels, n_bins=n_bins)
     return {K.key(split, k, method): float(v) for k, v in rep.items() if np.isscalar(v)}
 
@@ -72,9 +72,6 @@ def posthoc_val_metrics(
     """``val/<m>@<method>``: each post-hoc method fitted on the validation logits and scored on
     them — the selection criterion of the seeds (e.g. T chosen by validation ECE). Test data is
     never touched, so studies may optimise these."""
-    from calibtune.posthoc import build_posthoc
-    from calibtune.training._uncertainty import selective_metrics
-
     out: dict[str, float] = {}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
@@ -107,10 +104,6 @@ def evaluate_final(
     ``{val,test}/{aurc,augrc,refinement_nll}[@<method>]`` and, with ``bootstrap`` resamples,
     ``test/<m>[@<method>]_ci_{low,high}`` (`calibtune.training._uncertainty`).
     """
-    from calibtune import metrics as M
-    from calibtune.posthoc import build_posthoc
-    from calibtune.training._uncertainty import uncertainty_metrics
-
     out = FinalEvaluation()
     test_probs = torch.softmax(test_logits.double(), dim=1)
     rep = M.calibration_report(logits=test_logits, labels=test_labels, n_bins=n_bins)
@@ -161,9 +154,6 @@ def _ood_metrics(
     ``K.OOD_METHODS`` (temperature scaling, reused when ``posthoc`` already fitted it). The
     in-distribution probabilities of each method are computed once (``test_probs`` holds those
     `evaluate_final` already has, keyed like ``K.OOD_METHODS``, ``""`` = uncalibrated)."""
-    from calibtune import metrics as M
-    from calibtune.posthoc import build_posthoc
-
     fitted = {
         m: calibrated.get(m) or build_posthoc(m).fit(val_logits, val_labels)
         for m in K.OOD_METHODS

@@ -33,6 +33,7 @@ from calibtune.metrics import calibration_report
 from calibtune.metrics import keys as K
 from calibtune.training._batches import epoch_index_batches, infer_logits, iterate_batches
 from calibtune.training._final import posthoc_val_metrics
+from calibtune.training._uncertainty import selective_metrics
 
 __all__ = [
     "EpochCache",
@@ -128,8 +129,6 @@ def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> d
         if isinstance(v, int | float):
             out[K.key(prefix, k)] = float(v)
     if prefix == "val":  # AURC/AUGRC/refinement NLL may be objectives: in every report
-        from calibtune.training._uncertainty import selective_metrics
-
         out.update(selective_metrics(torch.softmax(logits.double(), 1), labels, prefix))
     return out
 

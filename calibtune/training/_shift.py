@@ -25,7 +25,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibtune import metrics as M
 from calibtune.metrics import keys as K
+from calibtune.posthoc import build_posthoc
+
+# Lazy: `calibtune.data` (torchvision, scipy: slow to import even after torch, by
+# `python -X importtime`) only where shift sets are loaded, so that `import calibtune.training`
+# (report --baseline) does not pay for it.
 
 __all__ = ["UNCALIBRATED", "ShiftLogits", "epoch_val_shift", "shift_logits", "shift_metrics"]
 
@@ -47,8 +53,6 @@ class ShiftLogits:
 def _scores(probs: Tensor, labels: Tensor, n_bins: int, log_p: Tensor | None) -> list[float]:
     """`K.SHIFT_METRICS` of one set; NLL from ``log_p`` (exact log-softmax) when given, as
     `calibtune.metrics.calibration_report` does for logits."""
-    from calibtune import metrics as M
-
     values = {
         "error": M.error(probs, labels, validate_args=False),
         "ece": M.ece(probs, labels, n_bins, validate_args=False),
@@ -145,8 +149,6 @@ def epoch_val_shift(
     uncalibrated and after each ``posthoc`` method fitted on this epoch's clean validation
     logits — what a study selecting on a ``val_shift/`` key reads in every report. No test data
     is touched."""
-    from calibtune.posthoc import build_posthoc
-
     items = shift_logits(names, splits, infer, sides=("val_shift",))
     fitted = {
         n: build_posthoc(n, **dict(p)).fit(val_logits, val_labels) for n, p in posthoc.items()

@@ -15,7 +15,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibtune import metrics as M
 from calibtune.metrics import keys as K
+from calibtune.posthoc import refinement_nll
 
 __all__ = [
     "BOOTSTRAP_SEED",
@@ -52,9 +54,6 @@ def _thin_curve(curve: Mapping[str, Tensor]) -> dict[str, list[float]]:
 def selective_metrics(probs: Tensor, labels: Tensor, split: str, method: str = "") -> dict:
     """``<split>/{aurc,augrc,refinement_nll}[@<method>]`` of probs (N, K) (`K.FINAL_ONLY_KEYS`;
     the refinement NLL refits TS on log p, which equals TS on the logits)."""
-    from calibtune import metrics as M
-    from calibtune.posthoc import refinement_nll
-
     out = M.selective_report(probs, labels, validate_args=False)
     log_p = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
     out["refinement_nll"] = refinement_nll(log_p, labels, validate_args=False)
@@ -72,8 +71,6 @@ def uncertainty_metrics(
     for the test split also the risk–coverage curve, the top-label confidence and correctness
     (float64, bool) and, with ``bootstrap`` resamples, ``test/<m>[@method]_ci_{low,high}`` of
     `K.BOOTSTRAP_KEYS` (95% percentile intervals, the same indices for every method)."""
-    from calibtune import metrics as M
-
     out = Uncertainty()
     idx = None
     if bootstrap and "test" in labels:

@@ -15,6 +15,9 @@ import torch
 
 from calibtune.trial._config import TrialConfig, save_config
 
+# Lazy: `calibtune.plots` (matplotlib: about a quarter of importing `calibtune.trial` again, by
+# `python -X importtime`) only when `eval.figures` asks for figures, not in every Ray worker.
+
 __all__ = ["jsonable", "scalars", "write_artifacts"]
 
 

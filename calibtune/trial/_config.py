@@ -19,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from calibtune import data as _d
+from calibtune import models as _m
+from calibtune import posthoc as _p
 from calibtune._names import check_name
 from calibtune._validate import (
     ValidationError,
@@ -33,6 +36,8 @@ from calibtune._validate import (
     fail,
 )
 from calibtune._yaml import cut, excerpt, load_file, load_text
+from calibtune.losses import LOSSES
+from calibtune.trial._metrics import metric_keys
 
 __all__ = [
     "DataConfig",
@@ -90,8 +95,6 @@ class LossConfig:
         >>> LossConfig("focal", {"gamma": 2.0}).build()
         FocalLoss(gamma=2.0, reduction='mean')
         """
-        from calibtune.losses import LOSSES
-
         return LOSSES.get(self.name).factory.from_params(reduction, **self.params)
 
 
@@ -182,8 +185,6 @@ class TrialConfig:
 
     def metric_keys(self, *, posthoc_params: bool = True) -> frozenset[str]:
         """Every metric key a trial with this config reports (`calibtune.metrics.keys`)."""
-        from calibtune.trial._metrics import metric_keys
-
         return metric_keys(self, posthoc_params=posthoc_params)
 
 
@@ -193,8 +194,6 @@ class TrialConfig:
 def _data(d: Mapping[str, Any]) -> DataConfig:
     check_keys(d, DataConfig, "data")
     name = check_str(d.get("name", "digits"), "data.name")
-    from calibtune import data as _d
-
     if name not in _d.list_datasets():
         raise fail("data.name", "one of " + ", ".join(_d.list_datasets()), name)
     root = d.get("root")
@@ -219,8 +218,6 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
 def _model(d: Mapping[str, Any]) -> ModelConfig:
     check_keys(d, ModelConfig, "model")
     name = check_str(d.get("name", "mlp"), "model.name")
-    from calibtune import models as _m
-
     if name not in _m.list_models():
         raise fail("model.name", "one of " + ", ".join(_m.list_models()), name)
     return ModelConfig(name=name)
@@ -229,8 +226,6 @@ def _model(d: Mapping[str, Any]) -> ModelConfig:
 def _loss(d: Mapping[str, Any]) -> LossConfig:
     check_keys(d, LossConfig, "loss")
     name = check_str(d.get("name", "cross_entropy"), "loss.name")
-    from calibtune.losses import LOSSES
-
     if name not in LOSSES:
         raise fail("loss.name", "one of " + ", ".join(LOSSES.names()), name)
     params = dict(check_mapping(d.get("params"), "loss.params"))
@@ -308,8 +303,6 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         items = [(k, {}) for k in raw]
     else:
         raise fail("eval.posthoc", "a list of post-hoc names or a mapping name -> params", raw)
-    from calibtune import posthoc as _p
-
     posthoc: dict[str, dict[str, Any]] = {}
     for name, params in items:
         if name not in _p.list_posthoc():
@@ -339,8 +332,6 @@ def _epoch_posthoc(raw: Any) -> tuple[str, ...]:
         return ()
     if isinstance(raw, str) or not isinstance(raw, Sequence):
         raise fail("eval.epoch_posthoc", "a list of post-hoc method names", raw)
-    from calibtune import posthoc as _p
-
     for i, name in enumerate(raw):
         if name not in _p.list_posthoc():
             raise fail(f"eval.epoch_posthoc[{i}]", "one of " + ", ".join(_p.list_posthoc()), name)

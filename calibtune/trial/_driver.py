@@ -32,13 +32,20 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from calibtune import data as D
 from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
 from calibtune._raysettings import apply_train_env, train_runtime_env
+from calibtune.data import DatasetNotFoundError
+from calibtune.training import NonFiniteLossError
 from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
+from calibtune.trial._metrics import shift_sets
 from calibtune.trial._placement import check_placement_on_cluster
 from calibtune.trial._worker import train_loop_per_worker
+
+# Lazy: Ray (`ray.train`, Tune's session and report callback) only where a trial is launched,
+# so that `import calibtune.trial` (the `train` command, study config checks) does not load Ray.
 
 __all__ = [
     "TrialCallback",
@@ -259,8 +266,6 @@ def _run(
     try:
         result = _fit(trainer, retries=cfg.scaling.max_failures if local else 0)
     except Exception as e:  # Ray wraps worker errors; keep the worker's reason readable
-        from calibtune.data import DatasetNotFoundError
-
         cause: BaseException | None = e
         while cause is not None:
             if isinstance(cause, DatasetNotFoundError):  # bad input, not a training failure
@@ -311,8 +316,6 @@ def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list
 
 
 def _fit(trainer: Any, retries: int) -> Any:
-    from calibtune.training import NonFiniteLossError
-
     for attempt in range(retries + 1):
         try:
             return trainer.fit()
@@ -374,9 +377,6 @@ def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     """Load every configured OOD and shift set (and, with ``splits``, the dataset) so that
     missing files raise `DatasetNotFoundError` before any training starts rather than after it;
     with ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
-    from calibtune import data as D
-    from calibtune.trial._metrics import shift_sets
-
     if splits:
         loaded = D.load_splits(
             cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction

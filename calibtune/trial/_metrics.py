@@ -10,7 +10,11 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
+import torch
+
+from calibtune import data as D
 from calibtune.metrics import keys as K
+from calibtune.posthoc import POSTHOC, build_posthoc
 
 if TYPE_CHECKING:
     from calibtune.trial._config import TrialConfig
@@ -26,10 +30,6 @@ def _param_names(method: str, params: tuple[tuple[str, Any], ...]) -> tuple[str,
     depend on ``n_knots``), so fit once on a small fixed random problem (20 × 2 logits) and read
     them off: the names never depend on the data. Search grids the user left at their default
     (``float_list`` parameters) shrink to one point so that this takes milliseconds."""
-    import torch
-
-    from calibtune.posthoc import POSTHOC, build_posthoc
-
     given = dict(params)
     for p in POSTHOC.get(method).params:
         if p.kind == "float_list" and p.name not in given:
@@ -42,24 +42,18 @@ def _param_names(method: str, params: tuple[tuple[str, Any], ...]) -> tuple[str,
 
 def ood_sources(cfg: TrialConfig) -> list[str]:
     """``svhn``, ``digits_noise/s1`` …: every OOD set (and severity) the trial evaluates."""
-    from calibtune import data as D
-
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     return [K.ood_source(n, s) for n in names for s in (D.ood_severities(n) or (None,))]
 
 
 def shift_sets(cfg: TrialConfig) -> list[str]:
     """The shift sets the trial evaluates (``data.shift``, else the dataset's defaults)."""
-    from calibtune import data as D
-
     return list(D.default_shift(cfg.data.name) if cfg.data.shift is None else cfg.data.shift)
 
 
 def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[str]:
     """Every metric key a trial run with ``cfg`` reports (its epoch reports and its final
     metrics); ``posthoc_params=False`` leaves out ``posthoc/<method>/<param>`` (no fitting)."""
-    from calibtune import data as D
-
     loss = cfg.loss.build()
     params: Mapping[str, tuple[str, ...]] | None = None
     if posthoc_params:

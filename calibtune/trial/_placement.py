@@ -20,6 +20,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
+# Lazy: Ray only in the functions that ask a running cluster, so that `import calibtune.trial`
+# does not load Ray.
+
 __all__ = [
     "TAG_WORKER_NODES",
     "WORKERS_FILE",
@@ -92,8 +97,6 @@ def gather_ranks(rank: int, world: int) -> list[dict[str, Any]]:
     mine = rank_record(rank)
     if world <= 1:
         return [mine]
-    import torch.distributed as dist
-
     out: list[Any] = [None] * world
     dist.all_gather_object(out, mine)
     return sorted(out, key=lambda r: r["rank"])

@@ -29,8 +29,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from calibtune import data as D
 from calibtune._failpoints import failpoint
+from calibtune.data import load_splits
 from calibtune.metrics import keys as K
+from calibtune.models import build_model
+from calibtune.training import (
+    LoopSpec,
+    OODLogits,
+    epoch_val_shift,
+    evaluate_final,
+    infer_logits,
+    lr_schedule,
+    shift_logits,
+    train_epochs,
+)
 from calibtune.trial._artifacts import scalars, write_artifacts
 from calibtune.trial._checkpoint import (
     capture_rng,
@@ -42,7 +55,11 @@ from calibtune.trial._checkpoint import (
     save_state,
 )
 from calibtune.trial._config import TrialConfig, config_from_dict
+from calibtune.trial._metrics import shift_sets
 from calibtune.trial._placement import record_placement
+
+# Lazy: Ray (`ray.train`, `ray.tune`) only inside the functions that run in a Ray Train worker,
+# so that `import calibtune.trial` (the `train` command, study config checks) does not load Ray.
 
 __all__ = ["train_loop_per_worker", "trial_threads"]
 
@@ -65,8 +82,6 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
             for cb in t.callbacks:
                 if hasattr(cb, "on_start"):
                     cb.on_start(t.history)
-        from calibtune.training import train_epochs
-
         cache = train_epochs(
             _loop_spec(t), start_epoch=t.start_epoch, on_epoch_end=EpochReporter(t)
         )
@@ -102,9 +117,6 @@ class _Trial:
 def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
     import ray.train
     import ray.train.torch
-
-    from calibtune.data import load_splits
-    from calibtune.models import build_model
 
     # Ray 2.60 refuses ray.train.get_context/report inside a Tune session; a local-mode trial
     # there is one in-process rank
@@ -241,9 +253,6 @@ class EpochReporter:
 
 def _epoch_shift(t: _Trial, cache: Any) -> dict[str, float]:
     """``val_shift/…`` of this epoch (`calibtune.training.epoch_val_shift`)."""
-    from calibtune.training import epoch_val_shift, infer_logits
-    from calibtune.trial._metrics import shift_sets
-
     ev = t.cfg.eval
     return epoch_val_shift(
         shift_sets(t.cfg),
@@ -257,8 +266,6 @@ def _epoch_shift(t: _Trial, cache: Any) -> dict[str, float]:
 
 
 def _loop_spec(t: _Trial) -> Any:
-    from calibtune.training import LoopSpec, lr_schedule
-
     cfg = t.cfg
     lr_at = lr_schedule(
         cfg.optimizer.lr,
@@ -295,9 +302,6 @@ def _loop_spec(t: _Trial) -> Any:
 
 def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
     """Rank 0: post-hoc fits and test/OOD scores on cached logits, artifacts, callbacks."""
-    from calibtune.training import evaluate_final, infer_logits, shift_logits
-    from calibtune.trial._metrics import shift_sets
-
     cfg = t.cfg
 
     def infer(ds: Any) -> Any:
@@ -349,9 +353,6 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
 
 def _ood_logits(cfg: TrialConfig, infer: Callable[[Any], Any]) -> list[Any]:
     """Logits of every configured OOD set and severity (one inference pass each)."""
-    from calibtune import data as D
-    from calibtune.training import OODLogits
-
     names = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
     out = []
     for name in names:
