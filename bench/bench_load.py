@@ -73,7 +73,9 @@ class RssSampler(threading.Thread):
 
 
 def _du(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) / 1024**2
+    """Size on disk of a file, or of every file under a folder, MiB."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files) / 1024**2
 
 
 def main() -> int:
