@@ -31,3 +31,5 @@ def test_load_study_small_version(tmp_path):
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
     row = res.stdout.strip().splitlines()[-1]
     assert row.startswith("| 6 |") and row.endswith("| 6 (6, 6) |"), row
+    store = row.strip(" |").split("|")[-2]  # "<sqlite> MiB + <artifacts> MiB artifacts"
+    assert float(store.split()[0]) > 0, row  # the SQLite file is measured, not skipped
