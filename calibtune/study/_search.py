@@ -111,21 +111,10 @@ def _searcher(study: StudyConfig) -> Any:
     return ConcurrencyLimiter(searcher, max_concurrent=study.search.max_concurrent)
 
 
-def _scheduler(study: StudyConfig) -> Any:
-    if study.search.scheduler != "asha":
-        return None
-    from ray.tune.schedulers import ASHAScheduler
-
-    epochs = study.base_config().train.epochs
-    return ASHAScheduler(
-        time_attr="training_iteration",
-        max_t=epochs,
-        grace_period=min(study.search.grace_period, epochs),
-    )
-
-
 def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: list, verbose: int):
     from ray import tune
+
+    from calibtune.study._scheduling import make_scheduler
 
     objs = study.search.objectives
     single = len(objs) == 1
@@ -133,7 +122,7 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
         make_trainable(study, payload),
         tune_config=tune.TuneConfig(
             search_alg=_searcher(study),
-            scheduler=_scheduler(study),
+            scheduler=make_scheduler(study),
             num_samples=study.search.num_samples,
             metric=objs[0].metric if single else None,
             mode=objs[0].mode if single else None,

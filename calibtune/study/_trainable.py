@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from calibtune._failpoints import failpoint
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
 from calibtune.study._spaces import decode
@@ -172,6 +173,7 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     import ray
     from ray import tune
 
+    failpoint("trial_start")
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
     label = config["loss"]
