@@ -16,6 +16,9 @@ the same calibrated probabilities scored by several measures).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import numpy as np
 import torch
 
@@ -23,6 +26,7 @@ from .validation import ArrayLike, as_tensor, scores_matrix
 
 _F64 = torch.float64
 SCORES = ("entropy", "msp", "energy")
+T = TypeVar("T")
 
 
 def entropy(probs: ArrayLike, *, validate_args: bool = True) -> torch.Tensor:
@@ -100,20 +104,6 @@ def _curve(in_scores: torch.Tensor, out_scores: torch.Tensor) -> tuple[torch.Ten
     return fps[last], tps[last], s[last]
 
 
-def _prep_scores(
-    in_probs: ArrayLike | None,
-    out_probs: ArrayLike | None,
-    score: str,
-    in_logits: ArrayLike | None,
-    out_logits: ArrayLike | None,
-    validate_args: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        ood_score(in_probs, in_logits, score, validate_args=validate_args),
-        ood_score(out_probs, out_logits, score, validate_args=validate_args),
-    )
-
-
 def roc_from_scores(
     in_scores: ArrayLike, out_scores: ArrayLike, *, validate_args: bool = True
 ) -> tuple[np.ndarray, ...]:
@@ -157,61 +147,50 @@ def fpr95_from_scores(
     return float(fpr[np.searchsorted(tpr, 0.95, side="left")])
 
 
-def ood_auroc(
-    in_probs: ArrayLike | None = None,
-    out_probs: ArrayLike | None = None,
-    score: str = "entropy",
-    *,
-    in_logits: ArrayLike | None = None,
-    out_logits: ArrayLike | None = None,
-    validate_args: bool = True,
-) -> float:
+def _on_probs(from_scores: Callable[..., T], name: str, doc: str) -> Callable[..., T]:
+    """``from_scores`` lifted from two score vectors to two sets of probabilities (or logits):
+    both sets are scored by `ood_score` (``score``, default ``entropy``) first. Shapes: in
+    (N_in, K), out (N_out, K)."""
+
+    def measure(
+        in_probs: ArrayLike | None = None,
+        out_probs: ArrayLike | None = None,
+        score: str = "entropy",
+        *,
+        in_logits: ArrayLike | None = None,
+        out_logits: ArrayLike | None = None,
+        validate_args: bool = True,
+    ) -> T:
+        i = ood_score(in_probs, in_logits, score, validate_args=validate_args)
+        o = ood_score(out_probs, out_logits, score, validate_args=validate_args)
+        return from_scores(i, o, validate_args=validate_args)
+
+    measure.__name__ = measure.__qualname__ = name
+    measure.__doc__ = doc
+    return measure
+
+
+ood_auroc = _on_probs(
+    auroc_from_scores,
+    "ood_auroc",
     """AUROC of separating OOD (positive) from in-distribution samples by ``score``.
 
     Equals ``sklearn.metrics.roc_auc_score(1{OOD}, scores)``. Shapes: (N_in, K), (N_out, K).
-    """
-    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
-    return auroc_from_scores(*scores, validate_args=validate_args)
-
-
-def ood_aupr(
-    in_probs: ArrayLike | None = None,
-    out_probs: ArrayLike | None = None,
-    score: str = "entropy",
-    *,
-    in_logits: ArrayLike | None = None,
-    out_logits: ArrayLike | None = None,
-    validate_args: bool = True,
-) -> float:
-    """Average precision with OOD positive (AUPR-Out); equals ``average_precision_score``."""
-    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
-    return aupr_from_scores(*scores, validate_args=validate_args)
-
-
-def fpr_at_95_tpr(
-    in_probs: ArrayLike | None = None,
-    out_probs: ArrayLike | None = None,
-    score: str = "entropy",
-    *,
-    in_logits: ArrayLike | None = None,
-    out_logits: ArrayLike | None = None,
-    validate_args: bool = True,
-) -> float:
-    """False-positive rate (in-distribution flagged as OOD) when 95% of OOD samples are caught."""
-    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
-    return fpr95_from_scores(*scores, validate_args=validate_args)
-
-
-def roc_curve_points(
-    in_probs: ArrayLike | None = None,
-    out_probs: ArrayLike | None = None,
-    score: str = "entropy",
-    *,
-    in_logits: ArrayLike | None = None,
-    out_logits: ArrayLike | None = None,
-    validate_args: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """,
+)
+ood_aupr = _on_probs(
+    aupr_from_scores,
+    "ood_aupr",
+    """Average precision with OOD positive (AUPR-Out); equals ``average_precision_score``.""",
+)
+fpr_at_95_tpr = _on_probs(
+    fpr95_from_scores,
+    "fpr_at_95_tpr",
+    """False-positive rate (in-distribution flagged as OOD) when 95% of OOD samples are caught.""",
+)
+roc_curve_points = _on_probs(
+    roc_from_scores,
+    "roc_curve_points",
     """ROC curve (fpr, tpr, thresholds) for plotting; equals sklearn ``roc_curve(...,
-    drop_intermediate=False)`` (whose first threshold is also +inf)."""
-    scores = _prep_scores(in_probs, out_probs, score, in_logits, out_logits, validate_args)
-    return roc_from_scores(*scores, validate_args=validate_args)
+    drop_intermediate=False)`` (whose first threshold is also +inf).""",
+)
