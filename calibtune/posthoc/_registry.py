@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
-from calibtune._registry import Param, Registry
+from calibtune._registry import Registry
 
 from ._affine import DirichletCalibration, MatrixScaling, VectorScaling
 from ._base import PosthocCalibrator
@@ -17,81 +18,75 @@ from ._temperature import TemperatureScaling
 POSTHOC: Registry[PosthocCalibrator] = Registry("post-hoc calibration method")
 
 
-def _only(cls: type[PosthocCalibrator], *names: str) -> tuple[Param, ...]:
-    """The declared `Param`s of ``cls`` named ``names`` (an entry that fixes the others)."""
-    return tuple(p for p in cls.PARAMS if p.name in names)
+class _Method(NamedTuple):
+    """One registry entry: a class, its one-line summary, and for an entry that fixes
+    ``criterion`` (the ``*_nll`` ones) that value and the params that still apply (the NLL
+    criterion has no ECE binning to tune)."""
+
+    cls: type[PosthocCalibrator]
+    summary: str
+    criterion: str | None = None
+    offered: tuple[str, ...] | None = None  # None: all of the class's PARAMS
 
 
-POSTHOC.add(
-    "ts",
-    TemperatureScaling.from_params,
-    params=TemperatureScaling.PARAMS,
-    summary="temperature scaling; T from {0.1, …, 10} minimising validation ECE (15 bins)",
-)
-POSTHOC.add(
-    "ts_nll",
-    lambda **kw: TemperatureScaling.from_params(criterion="nll", **kw),
-    params=_only(TemperatureScaling, "t_grid", "temperatures", "t_min", "t_max"),
-    summary="temperature scaling; T minimising validation NLL over log T (or over a grid)",
-)
-POSTHOC.add(
-    "focal_ts",
-    FocalTemperatureScaling.from_params,
-    params=FocalTemperatureScaling.PARAMS,
-    summary="focal temperature scaling (Komisarenko & Kull 2024); (γ_ev, T) on validation "
-    "equal-mass ECE",
-)
-POSTHOC.add(
-    "focal_ts_nll",
-    lambda **kw: FocalTemperatureScaling.from_params(criterion="nll", **kw),
-    params=_only(FocalTemperatureScaling, "gammas", "temperatures"),
-    summary="focal temperature scaling with (γ_ev, T) on validation NLL (Komisarenko & Kull "
-    "2024's log-loss criterion)",
-)
-POSTHOC.add(
-    "ets",
-    EnsembleTemperatureScaling.from_params,
-    params=EnsembleTemperatureScaling.PARAMS,
-    summary="ensemble temperature scaling (Zhang et al. 2020, Mix-n-Match)",
-)
-POSTHOC.add(
-    "spline",
-    SplineCalibration.from_params,
-    params=SplineCalibration.PARAMS,
-    summary="top-label natural cubic spline recalibration (Gupta et al. 2021)",
-)
+#: in the order of the package docstring's table
+_METHODS: dict[str, _Method] = {
+    "ts": _Method(
+        TemperatureScaling,
+        "temperature scaling; T from {0.1, …, 10} minimising validation ECE (15 bins)",
+    ),
+    "ts_nll": _Method(
+        TemperatureScaling,
+        "temperature scaling; T minimising validation NLL over log T (or over a grid)",
+        criterion="nll",
+        offered=("t_grid", "temperatures", "t_min", "t_max"),
+    ),
+    "focal_ts": _Method(
+        FocalTemperatureScaling,
+        "focal temperature scaling (Komisarenko & Kull 2024); (γ_ev, T) on validation "
+        "equal-mass ECE",
+    ),
+    "focal_ts_nll": _Method(
+        FocalTemperatureScaling,
+        "focal temperature scaling with (γ_ev, T) on validation NLL (Komisarenko & Kull "
+        "2024's log-loss criterion)",
+        criterion="nll",
+        offered=("gammas", "temperatures"),
+    ),
+    "ets": _Method(
+        EnsembleTemperatureScaling, "ensemble temperature scaling (Zhang et al. 2020, Mix-n-Match)"
+    ),
+    "spline": _Method(
+        SplineCalibration, "top-label natural cubic spline recalibration (Gupta et al. 2021)"
+    ),
+    "vector_scaling": _Method(
+        VectorScaling,
+        "vector scaling softmax(v ⊙ z + b) (Guo et al. 2017), NLL + μ·mean b², L-BFGS",
+    ),
+    "matrix_scaling": _Method(
+        MatrixScaling,
+        "matrix scaling softmax(W z + b) (Guo et al. 2017), ODIR penalty (Kull et al. 2019)",
+    ),
+    "dirichlet": _Method(
+        DirichletCalibration,
+        "Dirichlet calibration softmax(W log p + b) with ODIR (Kull et al. 2019)",
+    ),
+    "hist_binning": _Method(
+        HistogramBinning,
+        "top-label histogram binning, equal-mass bins per predicted class (Gupta & Ramdas 2022)",
+    ),
+    "isotonic": _Method(
+        IsotonicCalibration, "one-vs-rest isotonic regression on softmax(z), renormalised"
+    ),
+}
 
-POSTHOC.add(
-    "vector_scaling",
-    VectorScaling.from_params,
-    params=VectorScaling.PARAMS,
-    summary="vector scaling softmax(v ⊙ z + b) (Guo et al. 2017), NLL + μ·mean b², L-BFGS",
-)
-POSTHOC.add(
-    "matrix_scaling",
-    MatrixScaling.from_params,
-    params=MatrixScaling.PARAMS,
-    summary="matrix scaling softmax(W z + b) (Guo et al. 2017), ODIR penalty (Kull et al. 2019)",
-)
-POSTHOC.add(
-    "dirichlet",
-    DirichletCalibration.from_params,
-    params=DirichletCalibration.PARAMS,
-    summary="Dirichlet calibration softmax(W log p + b) with ODIR (Kull et al. 2019)",
-)
-POSTHOC.add(
-    "hist_binning",
-    HistogramBinning.from_params,
-    params=HistogramBinning.PARAMS,
-    summary="top-label histogram binning, equal-mass bins per predicted class (Gupta & Ramdas "
-    "2022)",
-)
-POSTHOC.add(
-    "isotonic",
-    IsotonicCalibration.from_params,
-    params=IsotonicCalibration.PARAMS,
-    summary="one-vs-rest isotonic regression on softmax(z), renormalised",
-)
+for _name, _m in _METHODS.items():
+    POSTHOC.add(
+        _name,
+        partial(_m.cls.from_params, criterion=_m.criterion) if _m.criterion else _m.cls.from_params,
+        params=[p for p in _m.cls.PARAMS if _m.offered is None or p.name in _m.offered],
+        summary=_m.summary,
+    )
 
 
 def build_posthoc(name: str, **params: Any) -> PosthocCalibrator:
