@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torchvision.models import DenseNet, ResNet
 from torchvision.models.resnet import BasicBlock, Bottleneck, conv1x1, conv3x3
 
-from ._zoo import MODELS, check_image_shape, common_params
+from ._zoo import add_model, check_image_shape
 
 __all__ = [
     "CifarResNet",
@@ -112,103 +112,95 @@ class CifarResNet(nn.Module):
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
 
 
-_IMAGE32 = (3, 32, 32)
-
-
-@MODELS.register(
-    "resnet50",
-    params=common_params(_IMAGE32),
-    summary="ResNet-50 (bottleneck 3-4-6-3, 64-2048 channels), 3×3 stem, no max-pool; "
-    "23.5M parameters for 10 classes",
-    tags=("image", "seed"),
-)
-def cifar_resnet50(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def cifar_resnet50(shape: Sequence[int], num_classes: int) -> nn.Module:
     """He et al. (CVPR 2016) ResNet-50 for 32×32 inputs as in the seeds' ``Net/resnet.py``."""
-    c, _, _ = check_image_shape(input_shape, "resnet50")
-    return _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), c)
+    return _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), shape[0])
 
 
-@MODELS.register(
-    "resnet50_tiny",
-    params=common_params((3, 64, 64)),
-    summary="ResNet-50 for 64×64 Tiny-ImageNet: 3×3 stem, no max-pool, 2×2 average pool "
-    "before an 8192→K linear layer (the seeds' Net/resnet_tiny_imagenet.py)",
-    tags=("image", "seed"),
-)
-def tiny_resnet50(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def tiny_resnet50(shape: Sequence[int], num_classes: int) -> nn.Module:
     """ResNet-50 for 64×64 inputs: the last stage is 8×8, pooled to 2×2 (4·2048 features)."""
-    c, _, _ = check_image_shape(input_shape, "resnet50_tiny")
-    model = _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), c)
+    model = cifar_resnet50(shape, num_classes)
     model.avgpool = nn.AdaptiveAvgPool2d(2)
     model.fc = nn.Linear(4 * 512 * Bottleneck.expansion, num_classes)
     return model
 
 
-@MODELS.register(
-    "resnet110",
-    params=common_params(_IMAGE32),
-    summary="He et al.'s CIFAR ResNet-110: BasicBlock 18-18-18, 16/32/64 channels, "
-    "zero-padding shortcuts; 1.73M parameters",
-    tags=("image", "seed"),
-)
-def cifar_resnet110(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def cifar_resnet110(shape: Sequence[int], num_classes: int) -> nn.Module:
     """The standard ResNet-110 of He et al. (CVPR 2016, §4.2): depth 6·18+2, three stages of 18
     BasicBlocks with 16/32/64 channels and parameter-free shortcuts (option A).
 
     The seeds' code calls an ImageNet-width bottleneck 3-4-26-3 network "resnet110" (45.9M
     parameters); that one is registered as ``resnet110_bottleneck``."""
-    c, _, _ = check_image_shape(input_shape, "resnet110")
-    return CifarResNet(c, num_classes, 16, (16, 32, 64), (18, 18, 18), shortcut="pad")
+    return CifarResNet(shape[0], num_classes, 16, (16, 32, 64), (18, 18, 18), shortcut="pad")
 
 
-@MODELS.register(
-    "resnet110_bottleneck",
-    params=common_params(_IMAGE32),
-    summary="the seeds' 'ResNet-110': ImageNet-width bottleneck 3-4-26-3, 3×3 stem; "
-    "≈45.9M parameters",
-    tags=("image", "seed"),
-)
-def cifar_resnet110_bottleneck(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def cifar_resnet110_bottleneck(shape: Sequence[int], num_classes: int) -> nn.Module:
     """Bottleneck ResNet with 3-4-26-3 blocks (3·(3+4+26+3)+2 = 110 layers) and ImageNet
     widths, as ``resnet110`` in Mukhoti et al.'s ``Net/resnet.py``; for reproducing their
     numbers."""
-    c, _, _ = check_image_shape(input_shape, "resnet110_bottleneck")
-    return _cifar_stem(ResNet(Bottleneck, [3, 4, 26, 3], num_classes=num_classes), c)
+    return _cifar_stem(ResNet(Bottleneck, [3, 4, 26, 3], num_classes=num_classes), shape[0])
 
 
-@MODELS.register(
-    "wide_resnet26_10",
-    params=common_params(_IMAGE32),
-    summary="Wide-ResNet-26-10 as in the seeds: post-activation BasicBlocks 4-4-4, "
-    "160/320/640 channels, 1×1 conv shortcuts; 36.5M parameters",
-    tags=("image", "seed"),
-)
-def wide_resnet26_10(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def wide_resnet26_10(shape: Sequence[int], num_classes: int) -> nn.Module:
     """Zagoruyko & Komodakis (BMVC 2016) widening (k=10) of a CIFAR ResNet, in the form the
     seeds train (``Net/wide_resnet.py``): depth 26 = 6·4+2, i.e. 4 post-activation
     (conv-BN-ReLU) BasicBlocks per stage, 16-channel stem, 1×1 conv + BN projection shortcuts,
     no dropout. (The WRN paper's own blocks are pre-activation with depth 6n+4.)"""
-    c, _, _ = check_image_shape(input_shape, "wide_resnet26_10")
-    return CifarResNet(c, num_classes, 16, (160, 320, 640), (4, 4, 4), shortcut="conv")
+    return CifarResNet(shape[0], num_classes, 16, (160, 320, 640), (4, 4, 4), shortcut="conv")
 
 
-@MODELS.register(
-    "densenet121",
-    params=common_params(_IMAGE32),
-    summary="DenseNet-121 (growth 32, blocks 6-12-24-16), 3×3 stem without BN/pool; "
-    "6.96M parameters for 10 classes",
-    tags=("image", "seed"),
-)
-def cifar_densenet121(num_classes: int, input_shape: Sequence[int]) -> nn.Module:
+def cifar_densenet121(shape: Sequence[int], num_classes: int) -> nn.Module:
     """Huang et al. (CVPR 2017) DenseNet-121 for 32×32 inputs as in the seeds'
     ``Net/densenet.py``: torchvision's dense blocks and transitions, the 7×7/2 stem, its BN-ReLU
     and the max-pool replaced by one 3×3 stride-1 convolution to 64 channels."""
-    c, _, _ = check_image_shape(input_shape, "densenet121")
     model = DenseNet(32, (6, 12, 24, 16), 64, num_classes=num_classes)
-    model.features.conv0 = nn.Conv2d(c, 64, kernel_size=3, stride=1, padding=1, bias=False)
+    model.features.conv0 = nn.Conv2d(shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
     nn.init.kaiming_normal_(model.features.conv0.weight)
     # the first dense layer starts with its own BN-ReLU, so the stem needs none
     model.features.norm0 = nn.Identity()
     model.features.relu0 = nn.Identity()
     model.features.pool0 = nn.Identity()
     return model
+
+
+_IMAGE32 = (3, 32, 32)
+#: name -> (builder, default input shape, summary); every one takes (C, H, W) images
+_SEED_MODELS = {
+    "resnet50": (
+        cifar_resnet50,
+        _IMAGE32,
+        "ResNet-50 (bottleneck 3-4-6-3, 64-2048 channels), 3×3 stem, no max-pool; "
+        "23.5M parameters for 10 classes",
+    ),
+    "resnet50_tiny": (
+        tiny_resnet50,
+        (3, 64, 64),
+        "ResNet-50 for 64×64 Tiny-ImageNet: 3×3 stem, no max-pool, 2×2 average pool "
+        "before an 8192→K linear layer (the seeds' Net/resnet_tiny_imagenet.py)",
+    ),
+    "resnet110": (
+        cifar_resnet110,
+        _IMAGE32,
+        "He et al.'s CIFAR ResNet-110: BasicBlock 18-18-18, 16/32/64 channels, "
+        "zero-padding shortcuts; 1.73M parameters",
+    ),
+    "resnet110_bottleneck": (
+        cifar_resnet110_bottleneck,
+        _IMAGE32,
+        "the seeds' 'ResNet-110': ImageNet-width bottleneck 3-4-26-3, 3×3 stem; ≈45.9M parameters",
+    ),
+    "wide_resnet26_10": (
+        wide_resnet26_10,
+        _IMAGE32,
+        "Wide-ResNet-26-10 as in the seeds: post-activation BasicBlocks 4-4-4, "
+        "160/320/640 channels, 1×1 conv shortcuts; 36.5M parameters",
+    ),
+    "densenet121": (
+        cifar_densenet121,
+        _IMAGE32,
+        "DenseNet-121 (growth 32, blocks 6-12-24-16), 3×3 stem without BN/pool; "
+        "6.96M parameters for 10 classes",
+    ),
+}
+for _name, (_build, _shape, _summary) in _SEED_MODELS.items():
+    add_model(_name, _build, check_image_shape, _shape, _summary, tags=("image", "seed"))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from .._registry import Param
-from ._zoo import MODELS, check_any_shape, check_image_shape, check_signal_shape, common_params
+from ._zoo import add_model, check_any_shape, check_image_shape, check_signal_shape
 
 __all__ = ["MLP", "CNN1d", "SmallCNN"]
 
@@ -86,44 +86,45 @@ class CNN1d(nn.Module):
         return self.fc(self.features(x))
 
 
-@MODELS.register(
-    "mlp",
-    params=[
-        *common_params((1, 8, 8)),
-        Param("hidden", 100, kind="int", low=1, doc="units per hidden layer"),
-        Param("depth", 2, kind="int", low=1, doc="number of hidden layers"),
-    ],
-    summary="multilayer perceptron on the flattened input (default 2×100 ReLU)",
-    tags=("small",),
-)
-def mlp(num_classes: int, input_shape: Sequence[int], hidden: int, depth: int) -> nn.Module:
-    shape = check_any_shape(input_shape, "mlp")
+def _mlp(shape: Sequence[int], num_classes: int, hidden: int, depth: int) -> nn.Module:
     return MLP(math.prod(shape), num_classes, hidden, depth)
 
 
-@MODELS.register(
+def _small_cnn(shape: Sequence[int], num_classes: int, width: int) -> nn.Module:
+    return SmallCNN(shape[0], num_classes, width)
+
+
+def _cnn1d(shape: Sequence[int], num_classes: int, channels: int) -> nn.Module:
+    return CNN1d(shape[0], shape[1], num_classes, channels)
+
+
+add_model(
+    "mlp",
+    _mlp,
+    check_any_shape,
+    (1, 8, 8),
+    "multilayer perceptron on the flattened input (default 2×100 ReLU)",
+    tags=("small",),
+    extra=[
+        Param("hidden", 100, kind="int", low=1, doc="units per hidden layer"),
+        Param("depth", 2, kind="int", low=1, doc="number of hidden layers"),
+    ],
+)
+add_model(
     "small_cnn",
-    params=[
-        *common_params((1, 8, 8)),
-        Param("width", 32, kind="int", low=1, doc="channels of the first block"),
-    ],
-    summary="3-block conv-BN-ReLU network for small images (≈56k parameters at width 32)",
+    _small_cnn,
+    check_image_shape,
+    (1, 8, 8),
+    "3-block conv-BN-ReLU network for small images (≈56k parameters at width 32)",
     tags=("small", "image"),
+    extra=[Param("width", 32, kind="int", low=1, doc="channels of the first block")],
 )
-def small_cnn(num_classes: int, input_shape: Sequence[int], width: int) -> nn.Module:
-    c, _, _ = check_image_shape(input_shape, "small_cnn")
-    return SmallCNN(c, num_classes, width)
-
-
-@MODELS.register(
+add_model(
     "cnn1d",
-    params=[
-        *common_params((1, 40)),
-        Param("channels", 25, kind="int", low=1, doc="channels of every conv layer"),
-    ],
-    summary="the MNIST-1D paper's 3-layer 1-D CNN for (C, L) signals",
+    _cnn1d,
+    check_signal_shape,
+    (1, 40),
+    "the MNIST-1D paper's 3-layer 1-D CNN for (C, L) signals",
     tags=("small", "signal"),
+    extra=[Param("channels", 25, kind="int", low=1, doc="channels of every conv layer")],
 )
-def cnn1d(num_classes: int, input_shape: Sequence[int], channels: int) -> nn.Module:
-    c, length = check_signal_shape(input_shape, "cnn1d")
-    return CNN1d(c, length, num_classes, channels)

@@ -6,7 +6,7 @@ temperature or softmax inside (post-hoc methods and losses act on the logits).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch import nn
@@ -15,6 +15,7 @@ from .._registry import Param, Registry
 
 __all__ = [
     "MODELS",
+    "add_model",
     "build_model",
     "check_any_shape",
     "check_image_shape",
@@ -66,6 +67,26 @@ def check_signal_shape(input_shape: Any, owner: str) -> tuple[int, int]:
 def check_any_shape(input_shape: Any, owner: str) -> tuple[int, ...]:
     """Any non-empty tuple of positive sizes, else ``ValueError``."""
     return _as_shape(input_shape, owner, "a tuple of positive sizes", None)
+
+
+def add_model(
+    name: str,
+    build: Callable[..., nn.Module],
+    check: Callable[[Any, str], tuple[int, ...]],
+    default_shape: tuple[int, ...],
+    summary: str,
+    tags: Sequence[str],
+    extra: Sequence[Param] = (),
+) -> None:
+    """Register model ``name``: its factory checks ``input_shape`` with ``check`` (one of the
+    ``check_*_shape`` functions; errors name the model), then returns ``build(shape,
+    num_classes, **extra)``. ``extra`` declares the model's own params after `common_params`."""
+
+    def factory(num_classes: int, input_shape: Sequence[int], **params: Any) -> nn.Module:
+        return build(check(input_shape, name), num_classes, **params)
+
+    params = [*common_params(default_shape), *extra]
+    MODELS.add(name, factory, params=params, summary=summary, tags=tags)
 
 
 def build_model(
