@@ -304,73 +304,80 @@ def _sample_photos_grey() -> list[np.ndarray]:
     return [(img.astype(np.float64) @ luma) / 255.0 for img in load_sample_images().images]
 
 
-@OOD_SETS.register(
-    "digits_far",
-    params=[
-        _in_distribution("digits"),
-        Param("num_samples", 500, kind="int", low=1, searchable=False, doc="number of patches"),
-        _SEED,
-    ],
-    summary="far-OOD: random 32×32 greyscale patches of scikit-learn's sample photos, "
-    "area-downsampled to 8×8",
-    tags=("embedded", "far"),
-)
-def _digits_far(in_distribution: str, num_samples: int, seed: int) -> OODSet:
-    """Patches at uniform random positions (``numpy.random.default_rng(seed)``), image chosen
-    uniformly; each 32×32 patch is averaged over 4×4 blocks to 8×8. Labels are ``-1``."""
+def _photo_crops(num_samples: int, seed: int, height: int, width: int) -> np.ndarray:
+    """``(num_samples, height, width)`` crops of `_sample_photos_grey` at uniform random
+    positions: with ``numpy.random.default_rng(seed)``, the photo, then the top row, then the
+    left column; one fancy-index gather."""
     photos = np.stack(_sample_photos_grey())  # (2, 427, 640)
     rng = np.random.default_rng(seed)
-    which = rng.integers(0, photos.shape[0], num_samples)
-    top = rng.integers(0, photos.shape[1] - 32 + 1, num_samples)
-    left = rng.integers(0, photos.shape[2] - 32 + 1, num_samples)
-    offs = np.arange(32)
-    patches = photos[
-        which[:, None, None], top[:, None, None] + offs[None, :, None], left[:, None, None] + offs
-    ]  # (n, 32, 32), one fancy-index gather
+    which = rng.integers(0, photos.shape[0], num_samples)[:, None, None]
+    top = rng.integers(0, photos.shape[1] - height + 1, num_samples)[:, None, None]
+    left = rng.integers(0, photos.shape[2] - width + 1, num_samples)[:, None, None]
+    return photos[which, top + np.arange(height)[:, None], left + np.arange(width)]
+
+
+def _far_set(name: str, x: np.ndarray, in_distribution: str) -> OODSet:
+    """Far-OOD set ``name`` of inputs ``x`` (N, C, ...), labelled ``-1`` (no class)."""
+    labels = torch.full((x.shape[0],), -1, dtype=torch.int64)
+    dataset = TensorDataset(_normalised(x, in_distribution), labels)
+    return OODSet(name, dataset, None, None, in_distribution)
+
+
+def _digits_far(in_distribution: str, num_samples: int, seed: int) -> OODSet:
+    """32×32 `_photo_crops`, each averaged over 4×4 blocks to 8×8. Labels are ``-1``."""
+    patches = _photo_crops(num_samples, seed, 32, 32)
     small = patches.reshape(num_samples, 8, 4, 8, 4).mean(axis=(2, 4))[:, None]
-    dataset = TensorDataset(
-        _normalised(small, in_distribution), torch.full((num_samples,), -1, dtype=torch.int64)
-    )
-    return OODSet("digits_far", dataset, None, None, in_distribution)
+    return _far_set("digits_far", small, in_distribution)
 
 
 # --- embedded: mnist1d --------------------------------------------------------------------
 
 
-@OOD_SETS.register(
-    "mnist1d_far",
-    params=[
-        _in_distribution("mnist1d"),
-        Param("num_samples", 1000, kind="int", low=1, searchable=False, doc="number of signals"),
-        _SEED,
-    ],
-    summary="far-OOD: 160-pixel greyscale scanline segments of scikit-learn's sample photos, "
-    "averaged to length 40 and standardised per signal",
-    tags=("embedded", "far"),
-)
 def _mnist1d_far(in_distribution: str, num_samples: int, seed: int) -> OODSet:
-    """Row segments at uniform random positions (``numpy.random.default_rng(seed)``), averaged
-    over blocks of 4 pixels to length 40, each standardised to mean 0 and std 1 so that scale
-    alone does not give them away (MNIST-1D is standardised too). Labels are ``-1``.
+    """1×160 `_photo_crops` (row segments), averaged over blocks of 4 pixels to length 40,
+    each standardised to mean 0 and std 1 so that scale alone does not give them away
+    (MNIST-1D is standardised too). Labels are ``-1``.
 
     A Gaussian-noise near-OOD set is deliberately absent for MNIST-1D: its signals already
     carry generated noise, and measured entropy AUROCs for added noise of std 0.1–1.0 stayed
     within 0.41–0.57 (cnn1d and mlp), i.e. no usable severity ladder."""
-    photos = np.stack(_sample_photos_grey())  # (2, 427, 640)
-    rng = np.random.default_rng(seed)
-    which = rng.integers(0, photos.shape[0], num_samples)
-    row = rng.integers(0, photos.shape[1], num_samples)
-    start = rng.integers(0, photos.shape[2] - 160 + 1, num_samples)
-    segments = photos[which[:, None], row[:, None], start[:, None] + np.arange(160)]
+    segments = _photo_crops(num_samples, seed, 1, 160)[:, 0]
     signals = segments.reshape(num_samples, 40, 4).mean(axis=2)
     centred = signals - signals.mean(axis=1, keepdims=True)
     # flat segments (sky) have std ~0: the floor keeps them flat instead of amplifying noise
     signals = centred / np.maximum(centred.std(axis=1, keepdims=True), 1e-3)
-    dataset = TensorDataset(
-        _normalised(signals[:, None], in_distribution),
-        torch.full((num_samples,), -1, dtype=torch.int64),
+    return _far_set("mnist1d_far", signals[:, None], in_distribution)
+
+
+#: name -> (builder, in-distribution dataset, default number of samples, what one sample is,
+#: summary)
+_FAR_SETS = {
+    "digits_far": (
+        _digits_far,
+        "digits",
+        500,
+        "patches",
+        "far-OOD: random 32×32 greyscale patches of scikit-learn's sample photos, "
+        "area-downsampled to 8×8",
+    ),
+    "mnist1d_far": (
+        _mnist1d_far,
+        "mnist1d",
+        1000,
+        "signals",
+        "far-OOD: 160-pixel greyscale scanline segments of scikit-learn's sample photos, "
+        "averaged to length 40 and standardised per signal",
+    ),
+}
+for _name, (_build, _in, _n, _what, _summary) in _FAR_SETS.items():
+    _count = Param("num_samples", _n, kind="int", low=1, searchable=False, doc=f"number of {_what}")
+    OOD_SETS.add(
+        _name,
+        _build,
+        params=[_in_distribution(_in), _count, _SEED],
+        summary=_summary,
+        tags=("embedded", "far"),
     )
-    return OODSet("mnist1d_far", dataset, None, None, in_distribution)
 
 
 # --- API ----------------------------------------------------------------------------------
