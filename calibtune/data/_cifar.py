@@ -10,6 +10,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -59,33 +60,23 @@ class CifarLayout:
         return (*self.train_files, self.test_file, self.meta_file)
 
 
+#: the two variants side by side: CifarLayout field -> (CIFAR-10's value, CIFAR-100's value)
+_VARIANTS = ("cifar10", "cifar100")
+_FIELDS: dict[str, tuple[Any, Any]] = {
+    "folder": ("cifar-10-batches-py", "cifar-100-python"),
+    "archive": ("cifar-10-python.tar.gz", "cifar-100-python.tar.gz"),
+    "train_files": (tuple(f"data_batch_{i}" for i in range(1, 6)), ("train",)),
+    "test_file": ("test_batch", "test"),
+    "meta_file": ("batches.meta", "meta"),
+    "label_key": ("labels", "fine_labels"),  # CIFAR-100: the 100 fine classes
+    "names_key": ("label_names", "fine_label_names"),
+    "num_classes": (10, 100),
+    "mean": ((0.4914, 0.4822, 0.4465), (0.5071, 0.4865, 0.4409)),
+    "std": ((0.2470, 0.2435, 0.2616), (0.2673, 0.2564, 0.2762)),
+}
 CIFAR_LAYOUTS: dict[str, CifarLayout] = {
-    "cifar10": CifarLayout(
-        name="cifar10",
-        folder="cifar-10-batches-py",
-        archive="cifar-10-python.tar.gz",
-        train_files=tuple(f"data_batch_{i}" for i in range(1, 6)),
-        test_file="test_batch",
-        meta_file="batches.meta",
-        label_key="labels",
-        names_key="label_names",
-        num_classes=10,
-        mean=(0.4914, 0.4822, 0.4465),
-        std=(0.2470, 0.2435, 0.2616),
-    ),
-    "cifar100": CifarLayout(
-        name="cifar100",
-        folder="cifar-100-python",
-        archive="cifar-100-python.tar.gz",
-        train_files=("train",),
-        test_file="test",
-        meta_file="meta",
-        label_key="fine_labels",
-        names_key="fine_label_names",
-        num_classes=100,
-        mean=(0.5071, 0.4865, 0.4409),
-        std=(0.2673, 0.2564, 0.2762),
-    ),
+    name: CifarLayout(name, **{f: values[i] for f, values in _FIELDS.items()})
+    for i, name in enumerate(_VARIANTS)
 }
 
 
