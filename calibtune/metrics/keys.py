@@ -32,6 +32,7 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 #: the keys of `calibration_report` (a trial reports each per split and post-hoc method); defined
 #: here, not beside the metrics, so that reading metric names back does not import torch
@@ -555,27 +556,19 @@ def final_keys(
     return frozenset(out)
 
 
-def expected_keys(
-    *,
-    posthoc: Iterable[str] = (),
-    posthoc_params: Mapping[str, Iterable[str]] | None = None,
-    epoch_posthoc: Iterable[str] = (),
-    ood: Iterable[str] = (),
-    shift: Iterable[tuple[str, str, Sequence[int]]] = (),
-    epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
-    adaptive: bool = False,
-    report: Sequence[str] = REPORT_KEYS,
-    bootstrap: bool = False,
-) -> frozenset[str]:
-    """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`."""
-    epoch = epoch_keys(
-        epoch_posthoc=epoch_posthoc, adaptive=adaptive, epoch_shift=epoch_shift, report=report
-    )
-    return epoch | final_keys(
-        posthoc=posthoc,
-        posthoc_params=posthoc_params,
-        ood=ood,
-        shift=shift,
-        report=report,
-        bootstrap=bootstrap,
-    )
+#: the `expected_keys` settings that go to `epoch_keys`; every other one goes to `final_keys`
+_EPOCH_SETTINGS = frozenset({"epoch_posthoc", "adaptive", "epoch_shift"})
+
+
+def expected_keys(*, report: Sequence[str] = REPORT_KEYS, **settings: Any) -> frozenset[str]:
+    """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`, both for
+    ``report``; ``epoch_posthoc``, ``adaptive`` and ``epoch_shift`` are `epoch_keys`' settings,
+    the others (``posthoc``, ``posthoc_params``, ``ood``, ``shift``, ``bootstrap``)
+    `final_keys`'.
+
+    >>> sorted(expected_keys(adaptive=True) - expected_keys())[:2]
+    ['adaptive/edges', 'adaptive/gamma_max']
+    """
+    epoch = {k: v for k, v in settings.items() if k in _EPOCH_SETTINGS}
+    final = {k: v for k, v in settings.items() if k not in _EPOCH_SETTINGS}
+    return epoch_keys(report=report, **epoch) | final_keys(report=report, **final)
