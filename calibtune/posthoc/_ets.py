@@ -80,6 +80,14 @@ def _fit_weights(comps: list[torch.Tensor], y: torch.Tensor, loss: str) -> np.nd
     return w / w.sum()
 
 
+_LOSS = Param(
+    "loss",
+    kind="categorical",
+    choices=("mse", "nll"),
+    doc="loss for T and the weights: mse (the authors' default) or nll",
+)
+
+
 class EnsembleTemperatureScaling(PosthocCalibrator):
     """p = w_ts softmax(z/T) + w_orig softmax(z) + w_unif / K (Zhang et al. 2020, Mix-n-Match).
 
@@ -91,14 +99,7 @@ class EnsembleTemperatureScaling(PosthocCalibrator):
     """
 
     name = "ets"
-    PARAMS = (
-        Param(
-            "loss",
-            kind="categorical",
-            choices=("mse", "nll"),
-            doc="loss for T and the weights: mse (the authors' default) or nll",
-        ),
-    )
+    PARAMS = (_LOSS,)
 
     def __init__(self, loss: str = "mse") -> None:
         super().__init__()

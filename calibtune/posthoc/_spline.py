@@ -160,6 +160,16 @@ def rescale_top(p: torch.Tensor, new_top: torch.Tensor) -> torch.Tensor:
     return (share * (1 - c_new)).scatter_(1, top, c_new)
 
 
+_N_KNOTS = Param(
+    "n_knots",
+    kind="int",
+    low=3,
+    high=100,
+    searchable=False,
+    doc="equally spaced knots of the natural cubic spline (the authors use 6)",
+)
+
+
 class SplineCalibration(PosthocCalibrator):
     """Top-label spline recalibration of softmax(z) (Gupta et al. 2021, natural cubic spline).
 
@@ -170,16 +180,7 @@ class SplineCalibration(PosthocCalibrator):
     """
 
     name = "spline"
-    PARAMS = (
-        Param(
-            "n_knots",
-            kind="int",
-            low=3,
-            high=100,
-            searchable=False,
-            doc="equally spaced knots of the natural cubic spline (the authors use 6)",
-        ),
-    )
+    PARAMS = (_N_KNOTS,)
 
     def __init__(self, n_knots: int = 6) -> None:
         super().__init__()
