@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Calibration-aware training and hyperparameter studies on Ray.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    add_commands(sub, {**SUBCOMMANDS, **STUDY_COMMANDS})
+    add_commands(sub, SUBCOMMANDS)
     return parser
 
 
@@ -175,59 +175,59 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-#: subcommand name -> `Command`; the study service's come from `calibtune.study._cli`.
-SUBCOMMANDS: dict[str, Command] = {
-    "train": Command(
-        "run one trial (training, calibration, OOD evaluation) through Ray Train",
-        _cmd_train,
-        (
-            arg("config", metavar="CONFIG.yaml", help="trial-config YAML file"),
-            arg(
-                "--num-workers",
-                type=int,
-                metavar="N",
-                help="Ray Train workers (overrides scaling.num_workers; 0 = in-process local mode)",
-            ),
-            OneOf(
-                (
-                    arg(
-                        "--use-gpu",
-                        dest="use_gpu",
-                        action="store_true",
-                        default=None,
-                        help="one GPU per worker (overrides scaling.use_gpu)",
-                    ),
-                    arg(
-                        "--no-use-gpu",
-                        dest="use_gpu",
-                        action="store_false",
-                        help="CPU only (scaling.use_gpu=false)",
-                    ),
-                )
-            ),
-            arg(
-                "--set",
-                dest="overrides",
-                action="append",
-                default=[],
-                metavar="KEY.PATH=VALUE",
-                help="override one config value, VALUE parsed as YAML (repeatable), "
-                "e.g. --set train.epochs=5 --set loss.params.gamma=3",
-            ),
-            arg("--storage-path", help="directory for trial folders (overrides storage_path)"),
-            arg("--name", help="trial name = its folder under the storage path (overrides name)"),
-            arg(
-                "--all-metrics",
-                action="store_true",
-                help="print every final metric (default: the main ones per method)",
-            ),
-            arg("--verbose", action="store_true", help="Ray's worker prefixes and logs"),
+#: the one subcommand defined here: a trial outside any search
+TRAIN = Command(
+    "run one trial (training, calibration, OOD evaluation) through Ray Train",
+    _cmd_train,
+    (
+        arg("config", metavar="CONFIG.yaml", help="trial-config YAML file"),
+        arg(
+            "--num-workers",
+            type=int,
+            metavar="N",
+            help="Ray Train workers (overrides scaling.num_workers; 0 = in-process local mode)",
         ),
-        "Run one trial described by a trial-config YAML file (format: docs/trial.md) through "
-        "Ray Train, print the final metrics table and leave checkpoints and artifacts under "
-        "<storage_path>/<name>/. Re-running the same config resumes from its latest checkpoint.",
+        OneOf(
+            (
+                arg(
+                    "--use-gpu",
+                    dest="use_gpu",
+                    action="store_true",
+                    default=None,
+                    help="one GPU per worker (overrides scaling.use_gpu)",
+                ),
+                arg(
+                    "--no-use-gpu",
+                    dest="use_gpu",
+                    action="store_false",
+                    help="CPU only (scaling.use_gpu=false)",
+                ),
+            )
+        ),
+        arg(
+            "--set",
+            dest="overrides",
+            action="append",
+            default=[],
+            metavar="KEY.PATH=VALUE",
+            help="override one config value, VALUE parsed as YAML (repeatable), "
+            "e.g. --set train.epochs=5 --set loss.params.gamma=3",
+        ),
+        arg("--storage-path", help="directory for trial folders (overrides storage_path)"),
+        arg("--name", help="trial name = its folder under the storage path (overrides name)"),
+        arg(
+            "--all-metrics",
+            action="store_true",
+            help="print every final metric (default: the main ones per method)",
+        ),
+        arg("--verbose", action="store_true", help="Ray's worker prefixes and logs"),
     ),
-}
+    "Run one trial described by a trial-config YAML file (format: docs/trial.md) through "
+    "Ray Train, print the final metrics table and leave checkpoints and artifacts under "
+    "<storage_path>/<name>/. Re-running the same config resumes from its latest checkpoint.",
+)
+#: every subcommand, in ``calibtune --help`` order: ``train``, then the study service's
+SUBCOMMANDS: dict[str, Command] = {"train": TRAIN, **STUDY_COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
