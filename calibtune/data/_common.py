@@ -11,11 +11,14 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
+
+from calibtune._registry import Param
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -24,6 +27,7 @@ __all__ = [
     "NormalizedImages",
     "OODSet",
     "Splits",
+    "data_param",
     "resolve_root",
     "stratified_holdout",
     "validation_count",
@@ -31,6 +35,12 @@ __all__ = [
 
 #: Where file-based datasets are looked for when ``root`` is None (relative to the working dir).
 DEFAULT_ROOT = "data"
+
+
+def data_param(name: str, default: Any, doc: str, **rule: Any) -> Param:
+    """A declared argument of a dataset or OOD set: checked like any `Param` (``rule``: kind,
+    bounds, choices) but never searched, since studies search losses, not data."""
+    return Param(name, default, searchable=False, doc=doc, **rule)
 
 
 class DatasetNotFoundError(ValueError):

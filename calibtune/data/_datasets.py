@@ -9,9 +9,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from .._registry import Param, Registry
+from .._registry import Registry
 from ._cifar import CIFAR_LAYOUTS, load_cifar_splits
-from ._common import Splits
+from ._common import Splits, data_param
 from ._embedded import digits_stats, load_digits_splits, load_mnist1d_splits
 from ._tiny_imagenet import TINY_MEAN, TINY_STD, load_tiny_imagenet_splits
 
@@ -19,26 +19,21 @@ __all__ = ["DATASETS", "dataset_shape", "dataset_stats", "list_datasets", "load_
 
 DATASETS: Registry[Splits] = Registry("dataset")
 
-_ROOT = Param(
+_ROOT = data_param(
     "root",
     None,
+    "folder holding the dataset's official files (None: ./data); never downloaded",
     kind="any",
-    searchable=False,
-    doc="folder holding the dataset's official files (None: ./data); never downloaded",
 )
-_SEED = Param(
-    "seed", 1, kind="int", low=0, searchable=False, doc="seed of the train/validation split"
-)
-_VAL = Param(
+_SEED = data_param("seed", 1, "seed of the train/validation split", kind="int", low=0)
+_VAL = data_param(
     "val_fraction",
     0.1,
-    kind="float",
+    "fraction of the non-test pool held out for validation (stratified)",
     low=0.0,
     high=1.0,
     low_open=True,
     high_open=True,
-    searchable=False,
-    doc="fraction of the non-test pool held out for validation (stratified)",
 )
 
 

@@ -21,7 +21,7 @@ from torch.utils.data import TensorDataset
 
 from .._registry import Param, Registry
 from ._cifar import CIFAR_URL, read_cifar
-from ._common import DatasetNotFoundError, NormalizedImages, OODSet, resolve_root
+from ._common import DatasetNotFoundError, NormalizedImages, OODSet, data_param, resolve_root
 from ._datasets import DATASETS, dataset_shape, dataset_stats
 from ._embedded import digits_arrays
 
@@ -77,28 +77,16 @@ CIFAR10C_URL = "https://zenodo.org/records/2535967"
 #: generated Gaussian-noise CIFAR-10-C lives here, apart from the official files
 GENERATED_FOLDER = "CIFAR-10-C-generated"
 
-_ROOT = Param(
-    "root", None, kind="any", searchable=False, doc="folder holding the files (None: ./data)"
-)
-_SEVERITY = Param(
-    "severity", 5, kind="int", low=1, high=5, searchable=False, doc="corruption severity 1–5"
-)
-_SEED = Param(
-    "seed", 0, kind="int", low=0, searchable=False, doc="seed of generated noise or patches"
-)
+_ROOT = data_param("root", None, "folder holding the files (None: ./data)", kind="any")
+_SEVERITY = data_param("severity", 5, "corruption severity 1–5", kind="int", low=1, high=5)
+_SEED = data_param("seed", 0, "seed of generated noise or patches", kind="int", low=0)
 
 
 def _in_distribution(default: str) -> Param:
     shape = dataset_shape(default)
     choices = tuple(n for n in DATASETS.names() if dataset_shape(n) == shape)
-    return Param(
-        "in_distribution",
-        default,
-        kind="categorical",
-        choices=choices,
-        searchable=False,
-        doc="dataset whose statistics normalise the set (same input shape)",
-    )
+    doc = "dataset whose statistics normalise the set (same input shape)"
+    return data_param("in_distribution", default, doc, kind="categorical", choices=choices)
 
 
 def gaussian_noise_uint8(images: np.ndarray, severity: int, seed: int) -> np.ndarray:
@@ -211,13 +199,12 @@ def _generate_gaussian(root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
     params=[
         _ROOT,
         _in_distribution("cifar10"),
-        Param(
+        data_param(
             "corruption",
             "gaussian_noise",
+            "CIFAR-10-C corruption (file <corruption>.npy)",
             kind="categorical",
             choices=CIFAR10C_CORRUPTIONS,
-            searchable=False,
-            doc="CIFAR-10-C corruption (file <corruption>.npy)",
         ),
         _SEVERITY,
         _SEED,
@@ -370,7 +357,7 @@ _FAR_SETS = {
     ),
 }
 for _name, (_build, _in, _n, _what, _summary) in _FAR_SETS.items():
-    _count = Param("num_samples", _n, kind="int", low=1, searchable=False, doc=f"number of {_what}")
+    _count = data_param("num_samples", _n, f"number of {_what}", kind="int", low=1)
     OOD_SETS.add(
         _name,
         _build,
