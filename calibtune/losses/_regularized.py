@@ -20,6 +20,8 @@ float32 and the result and gradient are cast back (as in `calibtune.losses._kern
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -61,15 +63,39 @@ def _softmax_nll(
     return p, nlp, zmax, pmax
 
 
-def _top_share(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
-    """A new (B, K) tensor: 1/t at the t classes of a row that tie for max p, 0 elsewhere — where
-    the gradient of a row maximum goes (shared among ties, as ``torch.amax``'s). p/max p is
-    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere,
-    so its floor is the tie mask (float ops: bool masks are slow on CPU). Callers scale it in
-    place and accumulate into it (one buffer per backward).
+_SCRATCH = threading.local()
+
+
+def _top_mask(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
+    """floor(p / max p): 1 at the classes of a row that tie for max p, 0 elsewhere. p/max p is
+    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere
+    (float ops: bool masks are slow on CPU). Where the gradient of a row maximum goes:
+    ``mask / mask.sum(1)`` (shared among ties, as ``torch.amax``'s); callers fold that division
+    into the row coefficient they scale it by.
+
+    The result lives in a scratch buffer reused across calls on this thread (one per dtype and
+    device; a new shape replaces it): use it before the next call, never return or save it. A
+    fresh (B, K) buffer each step costs page faults (the allocator hands large freed blocks back
+    to the OS), as much as a pass over it.
     """
-    top = torch.div(p, pmax).floor_()
-    return top.div_(top.sum(dim=1, keepdim=True))
+    pool = _SCRATCH.__dict__
+    buf = pool.get((p.dtype, p.device))
+    if buf is None or buf.shape != p.shape:
+        buf = pool[(p.dtype, p.device)] = torch.empty_like(p)
+    return torch.div(p, pmax, out=buf).floor_()
+
+
+def _spare(ctx: Any, rebuild: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The (B, K) buffer forward left in ``ctx.spare`` for the first backward to overwrite; a
+    second backward (``retain_graph``) must not overwrite what the first returned, so it gets
+    ``rebuild()``, a fresh copy."""
+    buf, ctx.spare = ctx.spare, None
+    return rebuild() if buf is None else buf
+
+
+def _over_margin(z: torch.Tensor, zmax: torch.Tensor, margin: float) -> torch.Tensor:
+    """relu(max_j z_ij − z_ik − m), a new (B, K) tensor."""
+    return torch.sub(zmax - margin, z).clamp_min_(0.0)
 
 
 def _upstream(
@@ -97,30 +123,36 @@ def _finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> tor
 class _MbLS(torch.autograd.Function):
     """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
 
-    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_share` (1 at the argmax):
-    ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
+    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_mask` / its row sum (1 at the
+    argmax): ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
+    Two fresh (B, K) buffers, as ``F.cross_entropy``: p, and the relu's, which holds u and then
+    the gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
         p, nlp, zmax, pmax = _softmax_nll(z, targets)
-        over = torch.sub(zmax - margin, z).clamp_min_(0.0)  # relu(d_ik − m)
+        over = _over_margin(z, zmax, margin)
         k = z.shape[1]
         loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
         if need_grad:
-            ctx.save_for_backward(p, targets, pmax, over.sign_())  # u, in the same buffer
-            ctx.setup = (lam / k, reduction, logits.dtype)
+            u = over.gt_(0.0)  # 1[d > m] in the same buffer (faster than sign_)
+            ctx.save_for_backward(p, targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
+            ctx.setup = (lam / k, margin, reduction, logits.dtype)
+            ctx.spare = u
         return _finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, pmax, u = ctx.saved_tensors
-        coef, reduction, dtype = ctx.setup
+        p, targets, pmax, n, z, zmax = ctx.saved_tensors
+        coef, margin, reduction, dtype = ctx.setup
         a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         ca = a * coef
-        grad = _top_share(p, pmax).mul_(u.sum(dim=1, keepdim=True).mul_(ca))
-        grad.addcmul_(u, ca, value=-1.0).addcmul_(p, a.expand_as(ca))
+        u = _spare(ctx, lambda: _over_margin(z, zmax, margin).gt_(0.0))
+        grad = u.mul_(-ca).addcmul_(p, a.expand_as(ca))
+        top = _top_mask(p, pmax)
+        grad.addcmul_(top, n.mul(ca).div_(top.sum(dim=1, keepdim=True)))
         return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None, None
 
 
@@ -141,7 +173,7 @@ class _LogitNorm(torch.autograd.Function):
         if need_grad:
             ctx.save_for_backward(z, p, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
-            ctx.spare = s  # dead after this line: the first backward writes its gradient into it
+            ctx.spare = s  # dead after this line: the first backward writes the gradient into it
         return _finish(nlp, reduction, logits.dtype)
 
     @staticmethod
@@ -153,10 +185,8 @@ class _LogitNorm(torch.autograd.Function):
         gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
         denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
-        # a second backward (retain_graph) must not overwrite the gradient the first returned
-        spare, ctx.spare = ctx.spare, None
         ar = a * r
-        grad = torch.mul(p, ar) if spare is None else torch.mul(p, ar, out=spare)
+        grad = torch.mul(p, ar, out=_spare(ctx, lambda: torch.empty_like(p)))
         grad = _minus_onehot(grad, targets, ar)
         grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
         return grad.to(dtype), None, None, None, None
@@ -196,9 +226,11 @@ class _MDCA(torch.autograd.Function):
 class _DCA(torch.autograd.Function):
     """ℓ_i = CE_i + β |C − A|, C = mean_i max_k p_ik, A = mean_i 1[z_iy = max_k z_ik].
 
-    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_share` (1 at the
-    argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using ∂q_i/∂z_i = q_i (t_i − p_i):
+    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_mask` / its row
+    sum (1 at the argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using
+    ∂q_i/∂z_i = q_i (t_i − p_i):
     ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (t_i − p_i).
+    One fresh (B, K) buffer: p, into which the first backward writes the gradient.
     """
 
     @staticmethod
@@ -208,17 +240,20 @@ class _DCA(torch.autograd.Function):
         correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
         gap = pmax.mean() - correct.to(z.dtype).mean()
         if need_grad:
-            ctx.save_for_backward(p, targets, pmax, gap)
+            ctx.save_for_backward(z, targets, pmax, gap)
             ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
+            ctx.spare = p
         return _finish(nlp + beta * gap.abs(), reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, pmax, gap = ctx.saved_tensors
+        z, targets, pmax, gap = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
-        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        a, c = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
-        grad = _top_share(p, pmax).mul_(hq).addcmul_(p, a - hq)
+        p = _spare(ctx, lambda: torch.softmax(z, dim=1))
+        top = _top_mask(p, pmax)
+        grad = p.mul_(a - hq).addcmul_(top, hq.div_(top.sum(dim=1, keepdim=True)))
         return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None
 
 
