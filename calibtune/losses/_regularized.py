@@ -20,6 +20,7 @@ float32 and the result and gradient are cast back (as in `calibtune.losses._kern
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -48,41 +49,59 @@ def _compute(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in _HALF else logits
 
 
+class _Pool(threading.local):
+    def __init__(self) -> None:
+        self.bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+_POOL = _Pool()
+
+
+def _reused(like: torch.Tensor, slot: str) -> torch.Tensor:
+    """An uninitialised contiguous tensor shaped like ``like``, reused across calls on this thread
+    while nothing else refers to it. A fresh (B, K) buffer each training step costs page faults
+    (the allocator hands large freed blocks back to the OS), about as much as a pass over it.
+
+    Free means no Python reference but the pool's: a ctx that keeps it as an attribute until its
+    graph is freed, or a caller still using it, makes the next call take a fresh one (which then
+    replaces it in the pool). So such a buffer must never be returned, nor kept with
+    ``save_for_backward`` (references from C++ are not counted); one per slot, dtype and device.
+    """
+    key = (slot, like.dtype, like.device)
+    buf = _POOL.bufs.get(key)
+    # the pool's reference, ``buf`` and getrefcount's argument
+    if buf is None or buf.shape != like.shape or sys.getrefcount(buf) > 3:
+        buf = _POOL.bufs[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return buf
+
+
 def _softmax_nll(
-    z: torch.Tensor, targets: torch.Tensor
+    z: torch.Tensor, targets: torch.Tensor, *, reuse: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns).
+    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns); p in
+    a `_reused` buffer if ``reuse`` (then keep it as a ctx attribute, never return it).
 
     One exp pass: −log p_y = max z − z_y − log max p, because max p = 1/Σ_k exp(z_k − max z)
     (in [1/K, 1], so the log is exact where log p_y itself would underflow).
     """
-    p = torch.softmax(z, dim=1)
+    if reuse:  # ATen's softmax kernel itself, writing into the buffer: the same p
+        p = torch.ops.aten._softmax.out(z, 1, False, out=_reused(z, "p"))
+    else:
+        p = torch.softmax(z, dim=1)
     zmax = z.amax(dim=1, keepdim=True)
     pmax = p.amax(dim=1, keepdim=True)
     nlp = (zmax - z.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
     return p, nlp, zmax, pmax
 
 
-_SCRATCH = threading.local()
-
-
 def _top_mask(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
-    """floor(p / max p): 1 at the classes of a row that tie for max p, 0 elsewhere. p/max p is
-    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere
-    (float ops: bool masks are slow on CPU). Where the gradient of a row maximum goes:
-    ``mask / mask.sum(1)`` (shared among ties, as ``torch.amax``'s); callers fold that division
-    into the row coefficient they scale it by.
-
-    The result lives in a scratch buffer reused across calls on this thread (one per dtype and
-    device; a new shape replaces it): use it before the next call, never return or save it. A
-    fresh (B, K) buffer each step costs page faults (the allocator hands large freed blocks back
-    to the OS), as much as a pass over it.
+    """floor(p / max p): 1 at the classes of a row that tie for max p, 0 elsewhere, in a
+    `_reused` buffer (use it before returning). p/max p is exactly 1 at a tie (in p, so logits
+    closer than p's rounding tie too) and below 1 elsewhere (float ops: bool masks are slow on
+    CPU). Where the gradient of a row maximum goes: ``mask / mask.sum(1)`` (shared among ties,
+    as ``torch.amax``'s); callers fold that division into the row coefficient they scale it by.
     """
-    pool = _SCRATCH.__dict__
-    buf = pool.get((p.dtype, p.device))
-    if buf is None or buf.shape != p.shape:
-        buf = pool[(p.dtype, p.device)] = torch.empty_like(p)
-    return torch.div(p, pmax, out=buf).floor_()
+    return torch.div(p, pmax, out=_reused(p, "top")).floor_()
 
 
 def _spare(ctx: Any, rebuild: Callable[[], torch.Tensor]) -> torch.Tensor:
@@ -132,21 +151,21 @@ class _MbLS(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
-        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=need_grad)
         over = _over_margin(z, zmax, margin)
         k = z.shape[1]
         loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
         if need_grad:
             u = over.gt_(0.0)  # 1[d > m] in the same buffer (faster than sign_)
-            ctx.save_for_backward(p, targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
+            ctx.save_for_backward(targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
             ctx.setup = (lam / k, margin, reduction, logits.dtype)
-            ctx.spare = u
+            ctx.p, ctx.spare = p, u
         return _finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, pmax, n, z, zmax = ctx.saved_tensors
-        coef, margin, reduction, dtype = ctx.setup
+        targets, pmax, n, z, zmax = ctx.saved_tensors
+        coef, margin, reduction, dtype, p = *ctx.setup, ctx.p
         a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         ca = a * coef
         u = _spare(ctx, lambda: _over_margin(z, zmax, margin).gt_(0.0))
@@ -169,17 +188,18 @@ class _LogitNorm(torch.autograd.Function):
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
         s = z * r
-        p, nlp, _, _ = _softmax_nll(s, targets)
+        p, nlp, _, _ = _softmax_nll(s, targets, reuse=need_grad)
         if need_grad:
-            ctx.save_for_backward(z, p, targets, n, r)
+            ctx.save_for_backward(z, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
+            ctx.p = p
             ctx.spare = s  # dead after this line: the first backward writes the gradient into it
         return _finish(nlp, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        z, p, targets, n, r = ctx.saved_tensors
-        reduction, dtype = ctx.setup
+        z, targets, n, r = ctx.saved_tensors
+        reduction, dtype, p = *ctx.setup, ctx.p
         a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         z_y = z.gather(1, targets.unsqueeze(1))
         gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
@@ -203,19 +223,20 @@ class _MDCA(torch.autograd.Function):
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
         b, k = z.shape
-        p, nlp, _, _ = _softmax_nll(z, targets)
+        p, nlp, _, _ = _softmax_nll(z, targets, reuse=need_grad)
         ones = torch.ones((), dtype=z.dtype, device=z.device).expand(b)
         freq = torch.zeros(k, dtype=z.dtype, device=z.device).index_add_(0, targets, ones)
         diff = p.mean(dim=0).sub_(freq.div_(b))
         if need_grad:
-            ctx.save_for_backward(p, targets, diff)
+            ctx.save_for_backward(targets, diff)
             ctx.setup = (beta / (k * b), reduction, logits.dtype)
+            ctx.p = p
         return _finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, diff = ctx.saved_tensors
-        coef, reduction, dtype = ctx.setup
+        targets, diff = ctx.saved_tensors
+        coef, reduction, dtype, p = *ctx.setup, ctx.p
         a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         g = diff.sign().mul_(c * coef)  # c·G
         row = a - (p @ g).unsqueeze(1)
@@ -236,7 +257,7 @@ class _DCA(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
         z = _compute(logits)
-        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=False)  # p becomes the gradient
         correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
         gap = pmax.mean() - correct.to(z.dtype).mean()
         if need_grad:
