@@ -30,12 +30,12 @@ import torch
 
 from calibtune._registry import Param
 
-from ._functional import LAM, _check, _check_inputs, _reduction
-from ._reduce import Reduction, expand_reduced_grad, reduce_loss
+from ._functional import LAM, _checked
+from ._kernel import compute_view, finish
+from ._reduce import Reduction, expand_reduced_grad
 
 __all__ = ["dca_loss", "logitnorm_loss", "mbls_loss", "mdca_loss"]
 
-_HALF = (torch.float16, torch.bfloat16)
 # the rules of the hyperparameters; the registry's declarations add defaults and docs
 MARGIN = Param("margin", 0.0, low=0.0, doc="logit-distance margin m ≥ 0")
 BETA = Param("beta", 0.0, low=0.0, doc="weight β ≥ 0 of the batch calibration term")
@@ -43,10 +43,6 @@ TAU = Param("tau", 1.0, low=0.0, low_open=True, doc="temperature τ > 0 of the n
 MBLS_LAM = replace(LAM, doc="weight λ ≥ 0 of the margin penalty")
 # LogitNorm's official code adds this to ‖z‖ so that an all-zero logit row stays finite
 LOGITNORM_EPS = 1e-7
-
-
-def _compute(logits: torch.Tensor) -> torch.Tensor:
-    return logits.float() if logits.dtype in _HALF else logits
 
 
 class _Pool(threading.local):
@@ -134,11 +130,6 @@ def _minus_onehot(grad: torch.Tensor, targets: torch.Tensor, a: torch.Tensor) ->
     return grad.scatter_add_(1, targets.unsqueeze(1), col)
 
 
-def _finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> torch.Tensor:
-    out = reduce_loss(loss, reduction)
-    return out if out.dtype == dtype else out.to(dtype)
-
-
 class _MbLS(torch.autograd.Function):
     """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
 
@@ -150,7 +141,7 @@ class _MbLS(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=need_grad)
         over = _over_margin(z, zmax, margin)
         k = z.shape[1]
@@ -160,7 +151,7 @@ class _MbLS(torch.autograd.Function):
             ctx.save_for_backward(targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
             ctx.setup = (lam / k, margin, reduction, logits.dtype)
             ctx.p, ctx.spare = p, u
-        return _finish(loss, reduction, logits.dtype)
+        return finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
@@ -184,7 +175,7 @@ class _LogitNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, tau, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
         s = z * r
@@ -194,7 +185,7 @@ class _LogitNorm(torch.autograd.Function):
             ctx.setup = (reduction, logits.dtype)
             ctx.p = p
             ctx.spare = s  # dead after this line: the first backward writes the gradient into it
-        return _finish(nlp, reduction, logits.dtype)
+        return finish(nlp, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
@@ -221,7 +212,7 @@ class _MDCA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         b, k = z.shape
         p, nlp, _, _ = _softmax_nll(z, targets, reuse=need_grad)
         ones = torch.ones((), dtype=z.dtype, device=z.device).expand(b)
@@ -231,7 +222,7 @@ class _MDCA(torch.autograd.Function):
             ctx.save_for_backward(targets, diff)
             ctx.setup = (beta / (k * b), reduction, logits.dtype)
             ctx.p = p
-        return _finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
+        return finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
@@ -256,7 +247,7 @@ class _DCA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=False)  # p becomes the gradient
         correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
         gap = pmax.mean() - correct.to(z.dtype).mean()
@@ -264,7 +255,7 @@ class _DCA(torch.autograd.Function):
             ctx.save_for_backward(z, targets, pmax, gap)
             ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
             ctx.spare = p
-        return _finish(nlp + beta * gap.abs(), reduction, logits.dtype)
+        return finish(nlp + beta * gap.abs(), reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
@@ -305,10 +296,8 @@ def mbls_loss(
     >>> round(float(mbls_loss(z, y, margin=6.0, lam=0.1)), 5)
     0.10125
     """
-    _check_inputs(logits, targets, "mbls_loss")
-    margin = _check(MARGIN, margin, "mbls_loss", validate_args)
-    lam = _check(MBLS_LAM, lam, "mbls_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    rules = (MARGIN, margin), (MBLS_LAM, lam)
+    margin, lam, red = _checked("mbls_loss", logits, targets, reduction, validate_args, *rules)
     return _MbLS.apply(logits, targets, margin, lam, red, _need_grad(logits))
 
 
@@ -331,9 +320,7 @@ def logitnorm_loss(
     >>> round(float(logitnorm_loss(z, y, tau=1.0)), 5)
     0.59814
     """
-    _check_inputs(logits, targets, "logitnorm_loss")
-    tau = _check(TAU, tau, "logitnorm_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    tau, red = _checked("logitnorm_loss", logits, targets, reduction, validate_args, (TAU, tau))
     return _LogitNorm.apply(logits, targets, tau, red, _need_grad(logits))
 
 
@@ -357,9 +344,7 @@ def mdca_loss(
     >>> round(float(mdca_loss(z, y, beta=1.0)), 5)
     1.19315
     """
-    _check_inputs(logits, targets, "mdca_loss")
-    beta = _check(BETA, beta, "mdca_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    beta, red = _checked("mdca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _MDCA.apply(logits, targets, beta, red, _need_grad(logits))
 
 
@@ -386,7 +371,5 @@ def dca_loss(
     >>> round(float(dca_loss(z, y, beta=1.0)), 4)
     1.6004
     """
-    _check_inputs(logits, targets, "dca_loss")
-    beta = _check(BETA, beta, "dca_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    beta, red = _checked("dca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _DCA.apply(logits, targets, beta, red, _need_grad(logits))
