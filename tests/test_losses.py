@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as TF
 
 import calibtune.losses.functional as F_cal
+from calibtune import losses
 from calibtune._registry import Param, Registry
 from calibtune.losses import LOSSES, CalibrationLoss, build_loss, flsd_from_p0, list_losses
 
@@ -603,3 +604,32 @@ def test_call_errors(call, match: str) -> None:
     z, y = _logits(8, 4, seed=20)
     with pytest.raises(ValueError, match=match):
         call(z, y)
+
+
+# the function-backed modules (`function_loss`): each module is its function with the resolved
+# hyperparameters, passed by name (non-default values, so a dropped or swapped one shows)
+FUNCTION_MODULES = {
+    "cross_entropy": (F_cal.cross_entropy_loss, {}),
+    "focal": (F_cal.focal_loss, {"gamma": 1.5}),
+    "inverse_focal": (F_cal.inverse_focal_loss, {"gamma": 2.5}),
+    "dual_focal": (F_cal.dual_focal_loss, {"gamma": 2.0}),
+    "fcl": (F_cal.fcl_loss, {"gamma": 2.0, "lam": 0.3}),
+    "brier": (F_cal.brier_loss, {}),
+    "label_smoothing": (F_cal.label_smoothing_loss, {"alpha": 0.2}),
+    "mmce": (F_cal.mmce_loss, {"lam": 0.7, "normalization": "focal_calibration"}),
+    "mbls": (F_cal.mbls_loss, {"margin": 1.0, "lam": 0.4}),
+    "logitnorm": (F_cal.logitnorm_loss, {"tau": 0.5}),
+    "mdca": (F_cal.mdca_loss, {"beta": 2.0}),
+    "dca": (F_cal.dca_loss, {"beta": 3.0}),
+}
+
+
+def test_function_backed_modules_are_their_function() -> None:
+    backed = {n for n in list_losses() if LOSSES.get(n).factory.function is not None}
+    assert backed == set(FUNCTION_MODULES)
+    g = torch.Generator().manual_seed(11)
+    z, y = 3 * torch.randn(9, 6, generator=g, dtype=torch.float64), torch.arange(9) % 6
+    for name, (fn, params) in FUNCTION_MODULES.items():
+        module = build_loss(name, reduction="none", **params)
+        assert type(module).__name__ in losses.__all__, name
+        torch.testing.assert_close(module(z, y), fn(z, y, **params, reduction="none"))

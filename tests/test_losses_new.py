@@ -217,3 +217,38 @@ def test_ties_for_the_top_logit_share_its_gradient_like_amax() -> None:
         out.backward()
         expected.backward()
         torch.testing.assert_close(za.grad, zr.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_second_backward_gets_the_same_gradient_and_keeps_the_first(name: str) -> None:
+    # the fused backwards write into buffers forward left behind; with retain_graph a second
+    # backward must rebuild them and leave the first gradient untouched
+    z, y = _logits(16, 7, seed=5)
+    z[0, :2] = z[0].max() + 1.0  # a tie for the top logit
+    z.requires_grad_(True)
+    out = build_loss(name, reduction="none")(z, y)
+    w = torch.linspace(0.5, 2.0, 16, dtype=torch.float64)
+    (g1,) = torch.autograd.grad(out, z, w, retain_graph=True)
+    kept = g1.clone()
+    (g2,) = torch.autograd.grad(out, z, w)
+    assert torch.equal(g1, kept)
+    torch.testing.assert_close(g2, g1, rtol=1e-14, atol=1e-15)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_buffers_reused_across_calls_are_never_shared_by_two_live_graphs(name: str) -> None:
+    # two forwards before one backward (the first graph still holds its buffers), then a third
+    # call after both graphs are gone: every gradient equals the plain formula's
+    loss = build_loss(name)
+    ref = {"mbls": ref_mbls, "logitnorm": ref_logitnorm, "mdca": ref_mdca, "dca": ref_dca}[name]
+    grads, refs = [], []
+    for seed in (1, 2, 3):
+        z, y = _logits(10, 6, seed=seed)
+        za, zr = z.clone().requires_grad_(True), z.clone().requires_grad_(True)
+        grads.append((za, loss(za, y)))
+        refs.append(torch.autograd.grad(ref(zr, y, **loss.hparams).mean(), zr)[0])
+        if seed == 2:
+            (grads[0][1] + grads[1][1]).backward()
+    grads[2][1].backward()
+    for (za, _), gr in zip(grads, refs, strict=True):
+        torch.testing.assert_close(za.grad, gr, rtol=1e-10, atol=1e-12)

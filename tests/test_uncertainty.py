@@ -123,6 +123,24 @@ def test_bootstrap_equals_a_plain_loop_over_the_same_indices(given: str) -> None
             assert float(values[m][b]) == pytest.approx(ref[m], rel=1e-10, abs=1e-12), (m, b)
 
 
+def test_bootstrap_top_label_equals_a_loop_when_the_sweep_runs_many_chunks() -> None:
+    # calibrated labels: the monotone sweep goes on past its first chunk of bin counts for
+    # some resamples (here one of six: the resamples still monotone are revisited alone)
+    g = torch.Generator().manual_seed(1)
+    n = 3000
+    conf = 0.5 + 0.5 * torch.rand(n, generator=g, dtype=torch.float64)
+    correct = torch.rand(n, generator=g, dtype=torch.float64) < conf
+    p = torch.stack([conf, 1 - conf], 1)
+    y = torch.where(correct, 0, 1)
+    idx = M.bootstrap_indices(n, 6, seed=3)
+    idx[0] = idx[0].clamp_max(n // 2)  # samples never drawn, and many copies of one
+    values = M.bootstrap_top_label(conf, correct, idx, 15)
+    for b in range(idx.shape[0]):
+        ref = M.calibration_report(probs=p[idx[b]], labels=y[idx[b]])
+        for m, v in values.items():
+            assert float(v[b]) == pytest.approx(ref[m], rel=1e-10, abs=1e-12), (m, b)
+
+
 def test_bootstrap_ci_of_a_deterministic_case_is_a_point() -> None:
     # every sample has confidence 0.8 and is correct: every resample has ECE 0.2, error 0, …
     p = torch.tensor([[0.8, 0.2]] * 50, dtype=torch.float64)

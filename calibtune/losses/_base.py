@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self
 
 import torch
 from torch import nn
 
+from calibtune._registry import Param
+
 from ._reduce import check_reduction
-from ._registry import LOSSES
+from ._registry import LOSSES, register_loss
 
 
 class CalibrationLoss(nn.Module):
@@ -22,10 +25,14 @@ class CalibrationLoss(nn.Module):
     ``forward(logits (B, K), targets (B,) int64)`` returns the loss reduced by ``reduction``
     (``"mean"`` over the batch by default; the seed papers' code sums).
     ``adaptive`` is True for losses whose state is updated from validation statistics.
+    Most losses are a pure function and its hyperparameters (`function_loss`): ``forward`` calls
+    ``function``; the others write their own ``forward``.
     """
 
     name: ClassVar[str] = ""
     adaptive: ClassVar[bool] = False
+    #: ``function(logits, targets, reduction=, validate_args=False, **hparams)``, or None
+    function: ClassVar[Callable[..., torch.Tensor] | None] = None
 
     def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
         super().__init__()
@@ -54,8 +61,30 @@ class CalibrationLoss(nn.Module):
         """Cross-parameter rules and buffers from ``self.hparams`` (subclasses extend it)."""
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        if self.function is None:
+            raise NotImplementedError
+        return self.function(
+            logits, targets, reduction=self.reduction, validate_args=False, **self.hparams
+        )
 
     def extra_repr(self) -> str:
         items = [f"{k}={v!r}" for k, v in self.hparams.items()]
         return ", ".join([*items, f"reduction={self.reduction!r}"])
+
+
+def function_loss(
+    cls_name: str,
+    name: str,
+    function: Callable[..., torch.Tensor],
+    *,
+    params: Sequence[Param] = (),
+    summary: str,
+    module: str,
+) -> type[CalibrationLoss]:
+    """The registered `CalibrationLoss` ``cls_name`` (defined in ``module``) whose ``forward`` is
+    ``function`` with the resolved hyperparameters: the registry entry ``name`` declares them
+    (``params``; their names are ``function``'s keyword names) and its one-line ``summary``."""
+    doc = f"{summary} (`calibtune.losses.functional.{function.__name__}` as a module)."
+    attrs = {"function": staticmethod(function), "__doc__": doc, "__module__": module}
+    cls = type(cls_name, (CalibrationLoss,), attrs)
+    return register_loss(name, params=params, summary=summary)(cls)

@@ -89,6 +89,22 @@ def _reduction(reduction: Any, validate_args: bool) -> Reduction:
     return check_reduction(reduction) if validate_args else reduction
 
 
+def _checked(
+    fn: str,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    reduction: Any,
+    validate_args: bool,
+    *rules: tuple[Param, Any],
+) -> tuple[Any, ...]:
+    """The boundary of every loss function ``fn``: ``logits``/``targets`` checked (always), then
+    each ``(rule, value)`` and ``reduction`` (unless ``validate_args`` is False); returns the
+    checked values followed by the reduction."""
+    _check_inputs(logits, targets, fn)
+    values = (_check(rule, value, fn, validate_args) for rule, value in rules)
+    return (*values, _reduction(reduction, validate_args))
+
+
 def _as_schedule(
     gammas: torch.Tensor | Sequence[float],
     edges: torch.Tensor | Sequence[float],
@@ -115,6 +131,24 @@ def _as_schedule(
     return Schedule(g, e)
 
 
+def _scheduled(
+    fn: str,
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    gammas: torch.Tensor | Sequence[float],
+    edges: torch.Tensor | Sequence[float],
+    reduction: Any,
+    validate_args: bool,
+    *,
+    names: tuple[str, str] = ("gammas", "edges"),
+    dual: bool = False,
+) -> torch.Tensor:
+    """The fused loss with γ per p_y bin (`Schedule`) for ``fn``, whose inputs are checked."""
+    sched = _as_schedule(gammas, edges, fn, names, logits, validate_args)
+    red = _reduction(reduction, validate_args)
+    return target_prob_loss(logits, targets, sched, dual=dual, reduction=red)
+
+
 # -- p_y-based losses -------------------------------------------------------------------
 
 
@@ -130,8 +164,8 @@ def cross_entropy_loss(
     Delegates to ``F.cross_entropy``, whose ``mean``/``sum``/``none`` are exactly ours (no class
     weights), so no extra reduction node is added.
     """
-    _check_inputs(logits, targets, "cross_entropy_loss")
-    return F.cross_entropy(logits, targets, reduction=_reduction(reduction, validate_args))
+    (red,) = _checked("cross_entropy_loss", logits, targets, reduction, validate_args)
+    return F.cross_entropy(logits, targets, reduction=red)
 
 
 def focal_loss(
@@ -147,9 +181,8 @@ def focal_loss(
     Lin et al. 2017, "Focal Loss for Dense Object Detection"; Mukhoti et al. 2020 for calibration.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "focal_loss")
-    gamma = _check(GAMMA, gamma, "focal_loss", validate_args)
-    return target_prob_loss(logits, targets, gamma, reduction=_reduction(reduction, validate_args))
+    gamma, red = _checked("focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma))
+    return target_prob_loss(logits, targets, gamma, reduction=red)
 
 
 def inverse_focal_loss(
@@ -164,9 +197,10 @@ def inverse_focal_loss(
 
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "inverse_focal_loss")
-    gamma = _check(GAMMA, gamma, "inverse_focal_loss", validate_args)
-    return target_prob_loss(logits, targets, -gamma, reduction=_reduction(reduction, validate_args))
+    gamma, red = _checked(
+        "inverse_focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma)
+    )
+    return target_prob_loss(logits, targets, -gamma, reduction=red)
 
 
 def flsd_loss(
@@ -197,10 +231,9 @@ def flsd_loss(
             raise ValueError(
                 f"flsd_loss: thresholds: expected strictly increasing values in (0, 1), got {ts}"
             )
-    sched = _as_schedule(
-        gammas, thresholds, "flsd_loss", ("gammas", "thresholds"), logits, validate_args
-    )
-    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
+    names = ("gammas", "thresholds")
+    args = (logits, targets, gammas, thresholds, reduction, validate_args)
+    return _scheduled("flsd_loss", *args, names=names)
 
 
 def adafocal_loss(
@@ -221,8 +254,7 @@ def adafocal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "adafocal_loss")
-    sched = _as_schedule(gammas, edges, "adafocal_loss", ("gammas", "edges"), logits, validate_args)
-    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
+    return _scheduled("adafocal_loss", logits, targets, gammas, edges, reduction, validate_args)
 
 
 def calfocal_loss(
@@ -240,8 +272,7 @@ def calfocal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "calfocal_loss")
-    sched = _as_schedule(gammas, edges, "calfocal_loss", ("gammas", "edges"), logits, validate_args)
-    return target_prob_loss(logits, targets, sched, reduction=_reduction(reduction, validate_args))
+    return _scheduled("calfocal_loss", logits, targets, gammas, edges, reduction, validate_args)
 
 
 def dual_focal_loss(
@@ -258,11 +289,10 @@ def dual_focal_loss(
     smallest probability: then it is plain focal loss); classes tied with p_y are excluded.
     Gradients flow through p_j as in the authors' code. Shapes: (B, K), (B,) -> scalar, or (B,).
     """
-    _check_inputs(logits, targets, "dual_focal_loss")
-    gamma = _check(GAMMA, gamma, "dual_focal_loss", validate_args)
-    return target_prob_loss(
-        logits, targets, gamma, dual=True, reduction=_reduction(reduction, validate_args)
+    gamma, red = _checked(
+        "dual_focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma)
     )
+    return target_prob_loss(logits, targets, gamma, dual=True, reduction=red)
 
 
 def adadual_focal_loss(
@@ -282,12 +312,8 @@ def adadual_focal_loss(
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
     _check_inputs(logits, targets, "adadual_focal_loss")
-    sched = _as_schedule(
-        gammas, edges, "adadual_focal_loss", ("gammas", "edges"), logits, validate_args
-    )
-    return target_prob_loss(
-        logits, targets, sched, dual=True, reduction=_reduction(reduction, validate_args)
-    )
+    args = (logits, targets, gammas, edges, reduction, validate_args)
+    return _scheduled("adadual_focal_loss", *args, dual=True)
 
 
 def fcl_loss(
@@ -305,12 +331,10 @@ def fcl_loss(
     Euclidean (Brier) term makes it strictly proper for λ > 0.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "fcl_loss")
-    gamma = _check(GAMMA, gamma, "fcl_loss", validate_args)
-    lam = _check(LAM, lam, "fcl_loss", validate_args)
-    return target_prob_loss(
-        logits, targets, gamma, brier_weight=lam, reduction=_reduction(reduction, validate_args)
+    gamma, lam, red = _checked(
+        "fcl_loss", logits, targets, reduction, validate_args, (GAMMA, gamma), (LAM, lam)
     )
+    return target_prob_loss(logits, targets, gamma, brier_weight=lam, reduction=red)
 
 
 def brier_loss(
@@ -324,10 +348,8 @@ def brier_loss(
 
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "brier_loss")
-    return target_prob_loss(
-        logits, targets, None, brier_weight=1.0, reduction=_reduction(reduction, validate_args)
-    )
+    (red,) = _checked("brier_loss", logits, targets, reduction, validate_args)
+    return target_prob_loss(logits, targets, None, brier_weight=1.0, reduction=red)
 
 
 # -- full-distribution losses ------------------------------------------------------------
@@ -431,9 +453,7 @@ def mmce_loss(
     ``"mean"`` = mean CE + λ·MMCE and ``"sum"`` = ``"mean"``·B like every other loss.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "mmce_loss")
-    lam = _check(LAM, lam, "mmce_loss", validate_args)
-    reduction = _reduction(reduction, validate_args)
+    lam, red = _checked("mmce_loss", logits, targets, reduction, validate_args, (LAM, lam))
     ce = F.cross_entropy(logits, targets, reduction="none")
     mmce = mmce_weighted(logits, targets, normalization=normalization, validate_args=validate_args)
-    return reduce_loss(ce + lam * mmce, reduction)
+    return reduce_loss(ce + lam * mmce, red)

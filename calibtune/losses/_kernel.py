@@ -40,6 +40,21 @@ from ._reduce import Reduction, expand_reduced_grad, reduce_loss
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def compute_view(logits: torch.Tensor) -> torch.Tensor:
+    """The logits in the dtype the fused losses compute in: float32 for 16-bit logits."""
+    return logits.float() if logits.dtype in _HALF else logits
+
+
+def finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> torch.Tensor:
+    """Per-sample ``loss`` reduced and cast back to the logits' ``dtype``."""
+    out = reduce_loss(loss, reduction)
+    return out if out.dtype == dtype else out.to(dtype)
+
+
+def _as(grad: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return grad if grad.dtype == dtype else grad.to(dtype)
+
+
 @dataclass(frozen=True)
 class Schedule:
     """Piecewise-constant γ over p_y: ``values`` (M,), inner ``edges`` (M−1,) ascending.
@@ -140,8 +155,7 @@ class _TargetProbLoss(torch.autograd.Function):
         need_grad: bool,
     ) -> torch.Tensor:
         in_dtype = logits.dtype
-        z = logits.float() if in_dtype in _HALF else logits
-        logp = torch.log_softmax(z, dim=1)
+        logp = torch.log_softmax(compute_view(logits), dim=1)
         nlp = F.nll_loss(logp, targets, reduction="none")
         m = torch.expm1(-nlp)  # p_y − 1, exact near p_y = 1 where 1 − exp(·) cancels
         p_y = m + 1
@@ -179,21 +193,18 @@ class _TargetProbLoss(torch.autograd.Function):
         if need_grad:
             ctx.save_for_backward(logp if p is None else p, targets, m, d_nlp, d_pj, j, s2)
             ctx.setup = (reduction, brier_weight, in_dtype, p is not None)
-        out = reduce_loss(loss, reduction)
-        return out if out.dtype == in_dtype else out.to(in_dtype)
+        return finish(loss, reduction, in_dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         saved, targets, m, d_nlp, d_pj, j, s2 = ctx.saved_tensors
         reduction, brier_weight, in_dtype, _ = ctx.setup
-        if grad_out.dtype != saved.dtype:
-            grad_out = grad_out.to(saved.dtype)
-        g = expand_reduced_grad(grad_out, reduction, saved.shape[0])
+        g = expand_reduced_grad(grad_out.to(saved.dtype), reduction, saved.shape[0])
         if not brier_weight:
             grad = _log_softmax_grad(
                 saved, targets, d_nlp * g, j, None if d_pj is None else d_pj * g
             )
-            return grad if grad.dtype == in_dtype else grad.to(in_dtype), *(None,) * 6
+            return _as(grad, in_dtype), *(None,) * 6
         p = saved  # forward saved the probabilities
         # grad_k = row·p_k + Brier term for k ≠ y; column y is then overwritten with its value
         # computed from m = p_y − 1 (no cancellation), and column j gets + at_j (dual only)
@@ -215,7 +226,7 @@ class _TargetProbLoss(torch.autograd.Function):
         grad.scatter_(1, targets.unsqueeze(1), at_y.unsqueeze(1))
         if at_j is not None:
             grad.scatter_add_(1, j.unsqueeze(1), at_j.unsqueeze(1))
-        return grad if grad.dtype == in_dtype else grad.to(in_dtype), *(None,) * 6
+        return _as(grad, in_dtype), *(None,) * 6
 
 
 def target_prob_loss(
@@ -246,9 +257,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         need_grad: bool,
     ) -> torch.Tensor:
         in_dtype = logits.dtype
-        z = logits.float() if in_dtype in _HALF else logits
-        logp = torch.log_softmax(z, dim=1)
-        a = alpha / (z.shape[1] - 1)
+        logp = torch.log_softmax(compute_view(logits), dim=1)
+        a = alpha / (logp.shape[1] - 1)
         c_y = 1.0 - alpha - a  # s_y − a: the extra weight of −log p_y
         # −Σ_k s_k log p_k = c_y·(−log p_y) − a·Σ_k log p_k
         loss = F.nll_loss(logp, targets, reduction="none").mul_(c_y)
@@ -256,20 +266,17 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         if need_grad:
             ctx.save_for_backward(logp, targets)
             ctx.setup = (reduction, a, c_y, in_dtype)
-        out = reduce_loss(loss, reduction)
-        return out if out.dtype == in_dtype else out.to(in_dtype)
+        return finish(loss, reduction, in_dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         logp, targets = ctx.saved_tensors
         reduction, a, c_y, in_dtype = ctx.setup
-        if grad_out.dtype != logp.dtype:
-            grad_out = grad_out.to(logp.dtype)
-        g = expand_reduced_grad(grad_out, reduction, logp.shape[0])
+        g = expand_reduced_grad(grad_out.to(logp.dtype), reduction, logp.shape[0])
         # dℓ/dz = p − s: log-softmax's backward of −s (ΣG = −1), scaled by the incoming gradient
         neg_s = torch.full_like(logp, -a).scatter_(1, targets.unsqueeze(1), -a - c_y)
         grad = torch._log_softmax_backward_data(neg_s, logp, 1, logp.dtype).mul_(_col(g))
-        return grad if grad.dtype == in_dtype else grad.to(in_dtype), *(None,) * 4
+        return _as(grad, in_dtype), *(None,) * 4
 
 
 def smoothed_cross_entropy(

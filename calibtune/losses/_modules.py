@@ -1,4 +1,6 @@
-"""Registered module adapters for the losses without validation-driven state."""
+"""Registered module adapters for the losses without validation-driven state: each is its pure
+function with the hyperparameters the registry declares (`function_loss`); FLSD keeps its
+schedule in buffers."""
 
 from __future__ import annotations
 
@@ -10,60 +12,37 @@ import torch
 from calibtune._registry import Param
 
 from . import _functional as F
-from ._base import CalibrationLoss
+from ._base import CalibrationLoss, function_loss
 from ._registry import register_loss
-
-__all__ = [
-    "BrierLoss",
-    "CrossEntropyLoss",
-    "DualFocalLoss",
-    "FLSDLoss",
-    "FocalCalibrationLoss",
-    "FocalLoss",
-    "InverseFocalLoss",
-    "LabelSmoothingLoss",
-    "MMCELoss",
-]
 
 
 def _gamma(default: float, doc: str) -> Param:
     return replace(F.GAMMA, default=default, doc=doc)
 
 
-@register_loss("cross_entropy", summary="cross-entropy −log p_y")
-class CrossEntropyLoss(CalibrationLoss):
-    """Cross-entropy −log p_y (`calibtune.losses.functional.cross_entropy_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy_loss(logits, targets, self.reduction, validate_args=False)
-
-
-@register_loss(
+CrossEntropyLoss = function_loss(
+    "CrossEntropyLoss",
+    "cross_entropy",
+    F.cross_entropy_loss,
+    summary="cross-entropy −log p_y",
+    module=__name__,
+)
+FocalLoss = function_loss(
+    "FocalLoss",
     "focal",
+    F.focal_loss,
     params=[_gamma(3.0, "focusing parameter γ (0 = cross-entropy)")],
     summary="focal loss −(1−p_y)^γ log p_y (Lin et al. 2017; Mukhoti et al. 2020)",
+    module=__name__,
 )
-class FocalLoss(CalibrationLoss):
-    """Focal loss (`calibtune.losses.functional.focal_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.focal_loss(
-            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
-        )
-
-
-@register_loss(
+InverseFocalLoss = function_loss(
+    "InverseFocalLoss",
     "inverse_focal",
+    F.inverse_focal_loss,
     params=[_gamma(1.0, "exponent of (1+p_y)")],
     summary="inverse focal loss −(1+p_y)^γ log p_y (Ghosh et al. 2022)",
+    module=__name__,
 )
-class InverseFocalLoss(CalibrationLoss):
-    """Inverse focal loss (`calibtune.losses.functional.inverse_focal_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.inverse_focal_loss(
-            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
-        )
 
 
 @register_loss(
@@ -121,48 +100,36 @@ class FLSDLoss(CalibrationLoss):
         )
 
 
-@register_loss(
+DualFocalLoss = function_loss(
+    "DualFocalLoss",
     "dual_focal",
+    F.dual_focal_loss,
     params=[_gamma(5.0, "focusing parameter γ (Tao et al. Table 13: 5 on CIFAR-10)")],
     summary="dual focal loss −(1−p_y+p_j)^γ log p_y (Tao et al. 2023)",
+    module=__name__,
 )
-class DualFocalLoss(CalibrationLoss):
-    """Dual focal loss (`calibtune.losses.functional.dual_focal_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.dual_focal_loss(
-            logits, targets, self.hparams["gamma"], self.reduction, validate_args=False
-        )
-
-
-@register_loss(
+FocalCalibrationLoss = function_loss(
+    "FocalCalibrationLoss",
     "fcl",
+    F.fcl_loss,
     params=[
         _gamma(4.0, "focusing parameter γ"),
         replace(F.LAM, default=1.5, doc="weight λ of ‖p − onehot(y)‖²"),
     ],
     summary="focal calibration loss: focal + λ‖p − onehot(y)‖²",
+    module=__name__,
 )
-class FocalCalibrationLoss(CalibrationLoss):
-    """Focal Calibration Loss (`calibtune.losses.functional.fcl_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        h = self.hparams
-        return F.fcl_loss(
-            logits, targets, h["gamma"], h["lam"], self.reduction, validate_args=False
-        )
-
-
-@register_loss("brier", summary="Brier score Σ_k (p_k − y_k)²")
-class BrierLoss(CalibrationLoss):
-    """Brier score (`calibtune.losses.functional.brier_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.brier_loss(logits, targets, self.reduction, validate_args=False)
-
-
-@register_loss(
+BrierLoss = function_loss(
+    "BrierLoss",
+    "brier",
+    F.brier_loss,
+    summary="Brier score Σ_k (p_k − y_k)²",
+    module=__name__,
+)
+LabelSmoothingLoss = function_loss(
+    "LabelSmoothingLoss",
     "label_smoothing",
+    F.label_smoothing_loss,
     params=[
         replace(
             F.ALPHA,
@@ -173,18 +140,12 @@ class BrierLoss(CalibrationLoss):
         )
     ],
     summary="cross-entropy with label smoothing (Müller et al. 2019; Mukhoti et al. §5)",
+    module=__name__,
 )
-class LabelSmoothingLoss(CalibrationLoss):
-    """Label smoothing (`calibtune.losses.functional.label_smoothing_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return F.label_smoothing_loss(
-            logits, targets, self.hparams["alpha"], self.reduction, validate_args=False
-        )
-
-
-@register_loss(
+MMCELoss = function_loss(
+    "MMCELoss",
     "mmce",
+    F.mmce_loss,
     params=[
         replace(
             F.LAM,
@@ -203,17 +164,5 @@ class LabelSmoothingLoss(CalibrationLoss):
         ),
     ],
     summary="cross-entropy + λ·weighted MMCE, Laplacian kernel width 0.4 (Kumar et al. 2018)",
+    module=__name__,
 )
-class MMCELoss(CalibrationLoss):
-    """Cross-entropy + λ·MMCE_w (`calibtune.losses.functional.mmce_loss`)."""
-
-    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        h = self.hparams
-        return F.mmce_loss(
-            logits,
-            targets,
-            h["lam"],
-            self.reduction,
-            normalization=h["normalization"],
-            validate_args=False,
-        )

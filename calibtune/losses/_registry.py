@@ -1,8 +1,10 @@
 """The loss registry: every training objective by name, with its declared hyperparameters.
 
-Entries are added by the ``register_loss`` decorator on the `CalibrationLoss` subclasses (in
-``_modules.py`` and ``_adafocal.py``); ``calibtune.losses`` imports those modules, so the registry
-is complete as soon as the package is imported.
+Entries are added by ``register_loss``: as the decorator of the `CalibrationLoss` subclasses that
+write their own ``forward`` (``_modules.py``, ``_adafocal.py``), and through
+`calibtune.losses._base.function_loss` for those that are a pure function and its declared
+hyperparameters (``_modules.py``, ``_regularized_modules.py``); ``calibtune.losses`` imports those
+modules, so the registry is complete as soon as the package is imported.
 """
 
 from __future__ import annotations

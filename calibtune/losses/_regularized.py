@@ -20,6 +20,9 @@ float32 and the result and gradient are cast back (as in `calibtune.losses._kern
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -27,12 +30,12 @@ import torch
 
 from calibtune._registry import Param
 
-from ._functional import LAM, _check, _check_inputs, _reduction
-from ._reduce import Reduction, expand_reduced_grad, reduce_loss
+from ._functional import LAM, _checked
+from ._kernel import compute_view, finish
+from ._reduce import Reduction, expand_reduced_grad
 
 __all__ = ["dca_loss", "logitnorm_loss", "mbls_loss", "mdca_loss"]
 
-_HALF = (torch.float16, torch.bfloat16)
 # the rules of the hyperparameters; the registry's declarations add defaults and docs
 MARGIN = Param("margin", 0.0, low=0.0, doc="logit-distance margin m ≥ 0")
 BETA = Param("beta", 0.0, low=0.0, doc="weight β ≥ 0 of the batch calibration term")
@@ -42,34 +45,72 @@ MBLS_LAM = replace(LAM, doc="weight λ ≥ 0 of the margin penalty")
 LOGITNORM_EPS = 1e-7
 
 
-def _compute(logits: torch.Tensor) -> torch.Tensor:
-    return logits.float() if logits.dtype in _HALF else logits
+class _Pool(threading.local):
+    def __init__(self) -> None:
+        self.bufs: dict[tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+_POOL = _Pool()
+
+
+def _reused(like: torch.Tensor, slot: str) -> torch.Tensor:
+    """An uninitialised contiguous tensor shaped like ``like``, reused across calls on this thread
+    while nothing else refers to it. A fresh (B, K) buffer each training step costs page faults
+    (the allocator hands large freed blocks back to the OS), about as much as a pass over it.
+
+    Free means no Python reference but the pool's: a ctx that keeps it as an attribute until its
+    graph is freed, or a caller still using it, makes the next call take a fresh one (which then
+    replaces it in the pool). So such a buffer must never be returned, nor kept with
+    ``save_for_backward`` (references from C++ are not counted); one per slot, dtype and device.
+    """
+    key = (slot, like.dtype, like.device)
+    buf = _POOL.bufs.get(key)
+    # the pool's reference, ``buf`` and getrefcount's argument
+    if buf is None or buf.shape != like.shape or sys.getrefcount(buf) > 3:
+        buf = _POOL.bufs[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
+    return buf
 
 
 def _softmax_nll(
-    z: torch.Tensor, targets: torch.Tensor
+    z: torch.Tensor, targets: torch.Tensor, *, reuse: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns).
+    """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns); p in
+    a `_reused` buffer if ``reuse`` (then keep it as a ctx attribute, never return it).
 
     One exp pass: −log p_y = max z − z_y − log max p, because max p = 1/Σ_k exp(z_k − max z)
     (in [1/K, 1], so the log is exact where log p_y itself would underflow).
     """
-    p = torch.softmax(z, dim=1)
+    if reuse:  # ATen's softmax kernel itself, writing into the buffer: the same p
+        p = torch.ops.aten._softmax.out(z, 1, False, out=_reused(z, "p"))
+    else:
+        p = torch.softmax(z, dim=1)
     zmax = z.amax(dim=1, keepdim=True)
     pmax = p.amax(dim=1, keepdim=True)
     nlp = (zmax - z.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
     return p, nlp, zmax, pmax
 
 
-def _top_share(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
-    """A new (B, K) tensor: 1/t at the t classes of a row that tie for max p, 0 elsewhere — where
-    the gradient of a row maximum goes (shared among ties, as ``torch.amax``'s). p/max p is
-    exactly 1 at a tie (in p, so logits closer than p's rounding tie too) and below 1 elsewhere,
-    so its floor is the tie mask (float ops: bool masks are slow on CPU). Callers scale it in
-    place and accumulate into it (one buffer per backward).
+def _top_mask(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
+    """floor(p / max p): 1 at the classes of a row that tie for max p, 0 elsewhere, in a
+    `_reused` buffer (use it before returning). p/max p is exactly 1 at a tie (in p, so logits
+    closer than p's rounding tie too) and below 1 elsewhere (float ops: bool masks are slow on
+    CPU). Where the gradient of a row maximum goes: ``mask / mask.sum(1)`` (shared among ties,
+    as ``torch.amax``'s); callers fold that division into the row coefficient they scale it by.
     """
-    top = torch.div(p, pmax).floor_()
-    return top.div_(top.sum(dim=1, keepdim=True))
+    return torch.div(p, pmax, out=_reused(p, "top")).floor_()
+
+
+def _spare(ctx: Any, rebuild: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The (B, K) buffer forward left in ``ctx.spare`` for the first backward to overwrite; a
+    second backward (``retain_graph``) must not overwrite what the first returned, so it gets
+    ``rebuild()``, a fresh copy."""
+    buf, ctx.spare = ctx.spare, None
+    return rebuild() if buf is None else buf
+
+
+def _over_margin(z: torch.Tensor, zmax: torch.Tensor, margin: float) -> torch.Tensor:
+    """relu(max_j z_ij − z_ik − m), a new (B, K) tensor."""
+    return torch.sub(zmax - margin, z).clamp_min_(0.0)
 
 
 def _upstream(
@@ -89,38 +130,39 @@ def _minus_onehot(grad: torch.Tensor, targets: torch.Tensor, a: torch.Tensor) ->
     return grad.scatter_add_(1, targets.unsqueeze(1), col)
 
 
-def _finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> torch.Tensor:
-    out = reduce_loss(loss, reduction)
-    return out if out.dtype == dtype else out.to(dtype)
-
-
 class _MbLS(torch.autograd.Function):
     """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
 
-    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_share` (1 at the argmax):
-    ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
+    With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_mask` / its row sum (1 at the
+    argmax): ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
+    Two fresh (B, K) buffers, as ``F.cross_entropy``: p, and the relu's, which holds u and then
+    the gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
-        p, nlp, zmax, pmax = _softmax_nll(z, targets)
-        over = torch.sub(zmax - margin, z).clamp_min_(0.0)  # relu(d_ik − m)
+        z = compute_view(logits)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=need_grad)
+        over = _over_margin(z, zmax, margin)
         k = z.shape[1]
         loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
         if need_grad:
-            ctx.save_for_backward(p, targets, pmax, over.sign_())  # u, in the same buffer
-            ctx.setup = (lam / k, reduction, logits.dtype)
-        return _finish(loss, reduction, logits.dtype)
+            u = over.gt_(0.0)  # 1[d > m] in the same buffer (faster than sign_)
+            ctx.save_for_backward(targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
+            ctx.setup = (lam / k, margin, reduction, logits.dtype)
+            ctx.p, ctx.spare = p, u
+        return finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, pmax, u = ctx.saved_tensors
-        coef, reduction, dtype = ctx.setup
+        targets, pmax, n, z, zmax = ctx.saved_tensors
+        coef, margin, reduction, dtype, p = *ctx.setup, ctx.p
         a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         ca = a * coef
-        grad = _top_share(p, pmax).mul_(u.sum(dim=1, keepdim=True).mul_(ca))
-        grad.addcmul_(u, ca, value=-1.0).addcmul_(p, a.expand_as(ca))
+        u = _spare(ctx, lambda: _over_margin(z, zmax, margin).gt_(0.0))
+        grad = u.mul_(-ca).addcmul_(p, a.expand_as(ca))
+        top = _top_mask(p, pmax)
+        grad.addcmul_(top, n.mul(ca).div_(top.sum(dim=1, keepdim=True)))
         return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None, None
 
 
@@ -133,30 +175,29 @@ class _LogitNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, tau, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
         s = z * r
-        p, nlp, _, _ = _softmax_nll(s, targets)
+        p, nlp, _, _ = _softmax_nll(s, targets, reuse=need_grad)
         if need_grad:
-            ctx.save_for_backward(z, p, targets, n, r)
+            ctx.save_for_backward(z, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
-            ctx.spare = s  # dead after this line: the first backward writes its gradient into it
-        return _finish(nlp, reduction, logits.dtype)
+            ctx.p = p
+            ctx.spare = s  # dead after this line: the first backward writes the gradient into it
+        return finish(nlp, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        z, p, targets, n, r = ctx.saved_tensors
-        reduction, dtype = ctx.setup
+        z, targets, n, r = ctx.saved_tensors
+        reduction, dtype, p = *ctx.setup, ctx.p
         a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         z_y = z.gather(1, targets.unsqueeze(1))
         gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
         denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
-        # a second backward (retain_graph) must not overwrite the gradient the first returned
-        spare, ctx.spare = ctx.spare, None
         ar = a * r
-        grad = torch.mul(p, ar) if spare is None else torch.mul(p, ar, out=spare)
+        grad = torch.mul(p, ar, out=_spare(ctx, lambda: torch.empty_like(p)))
         grad = _minus_onehot(grad, targets, ar)
         grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
         return grad.to(dtype), None, None, None, None
@@ -171,21 +212,22 @@ class _MDCA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
+        z = compute_view(logits)
         b, k = z.shape
-        p, nlp, _, _ = _softmax_nll(z, targets)
+        p, nlp, _, _ = _softmax_nll(z, targets, reuse=need_grad)
         ones = torch.ones((), dtype=z.dtype, device=z.device).expand(b)
         freq = torch.zeros(k, dtype=z.dtype, device=z.device).index_add_(0, targets, ones)
         diff = p.mean(dim=0).sub_(freq.div_(b))
         if need_grad:
-            ctx.save_for_backward(p, targets, diff)
+            ctx.save_for_backward(targets, diff)
             ctx.setup = (beta / (k * b), reduction, logits.dtype)
-        return _finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
+            ctx.p = p
+        return finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, diff = ctx.saved_tensors
-        coef, reduction, dtype = ctx.setup
+        targets, diff = ctx.saved_tensors
+        coef, reduction, dtype, p = *ctx.setup, ctx.p
         a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         g = diff.sign().mul_(c * coef)  # c·G
         row = a - (p @ g).unsqueeze(1)
@@ -196,29 +238,34 @@ class _MDCA(torch.autograd.Function):
 class _DCA(torch.autograd.Function):
     """ℓ_i = CE_i + β |C − A|, C = mean_i max_k p_ik, A = mean_i 1[z_iy = max_k z_ik].
 
-    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_share` (1 at the
-    argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using ∂q_i/∂z_i = q_i (t_i − p_i):
+    A is piecewise constant (no gradient). With q_i = max_k p_ik, t_ik = `_top_mask` / its row
+    sum (1 at the argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using
+    ∂q_i/∂z_i = q_i (t_i − p_i):
     ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (t_i − p_i).
+    One fresh (B, K) buffer: p, into which the first backward writes the gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
-        z = _compute(logits)
-        p, nlp, zmax, pmax = _softmax_nll(z, targets)
+        z = compute_view(logits)
+        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=False)  # p becomes the gradient
         correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
         gap = pmax.mean() - correct.to(z.dtype).mean()
         if need_grad:
-            ctx.save_for_backward(p, targets, pmax, gap)
+            ctx.save_for_backward(z, targets, pmax, gap)
             ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
-        return _finish(nlp + beta * gap.abs(), reduction, logits.dtype)
+            ctx.spare = p
+        return finish(nlp + beta * gap.abs(), reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        p, targets, pmax, gap = ctx.saved_tensors
+        z, targets, pmax, gap = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
-        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        a, c = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
-        grad = _top_share(p, pmax).mul_(hq).addcmul_(p, a - hq)
+        p = _spare(ctx, lambda: torch.softmax(z, dim=1))
+        top = _top_mask(p, pmax)
+        grad = p.mul_(a - hq).addcmul_(top, hq.div_(top.sum(dim=1, keepdim=True)))
         return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None
 
 
@@ -249,10 +296,8 @@ def mbls_loss(
     >>> round(float(mbls_loss(z, y, margin=6.0, lam=0.1)), 5)
     0.10125
     """
-    _check_inputs(logits, targets, "mbls_loss")
-    margin = _check(MARGIN, margin, "mbls_loss", validate_args)
-    lam = _check(MBLS_LAM, lam, "mbls_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    rules = (MARGIN, margin), (MBLS_LAM, lam)
+    margin, lam, red = _checked("mbls_loss", logits, targets, reduction, validate_args, *rules)
     return _MbLS.apply(logits, targets, margin, lam, red, _need_grad(logits))
 
 
@@ -275,9 +320,7 @@ def logitnorm_loss(
     >>> round(float(logitnorm_loss(z, y, tau=1.0)), 5)
     0.59814
     """
-    _check_inputs(logits, targets, "logitnorm_loss")
-    tau = _check(TAU, tau, "logitnorm_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    tau, red = _checked("logitnorm_loss", logits, targets, reduction, validate_args, (TAU, tau))
     return _LogitNorm.apply(logits, targets, tau, red, _need_grad(logits))
 
 
@@ -301,9 +344,7 @@ def mdca_loss(
     >>> round(float(mdca_loss(z, y, beta=1.0)), 5)
     1.19315
     """
-    _check_inputs(logits, targets, "mdca_loss")
-    beta = _check(BETA, beta, "mdca_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    beta, red = _checked("mdca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _MDCA.apply(logits, targets, beta, red, _need_grad(logits))
 
 
@@ -330,7 +371,5 @@ def dca_loss(
     >>> round(float(dca_loss(z, y, beta=1.0)), 4)
     1.6004
     """
-    _check_inputs(logits, targets, "dca_loss")
-    beta = _check(BETA, beta, "dca_loss", validate_args)
-    red = _reduction(reduction, validate_args)
+    beta, red = _checked("dca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _DCA.apply(logits, targets, beta, red, _need_grad(logits))
