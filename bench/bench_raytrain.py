@@ -16,7 +16,10 @@ process, Ray started once (its start-up is reported on its own), alternating loc
   median over epochs, worker mode minus local mode, at each epoch count.
 
 ``--ray-defaults`` runs with Ray's own Train settings instead of calibtune's
-(calibtune/_raysettings.py) for comparison. Prints a markdown table for bench/README.md.
+(calibtune/_raysettings.py) for comparison. ``--polls 0.05,0.02`` alternates the controller's
+poll interval (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, read by each new Train controller) within
+the run, and reports the CPU the Train controller process used per second of its life (from
+``/proc``: what the polling costs). Prints a markdown table for bench/README.md.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -68,9 +72,54 @@ def _cfg(storage: str, name: str, workers: int, epochs: int) -> Any:
     )
 
 
-def _one(storage: str, name: str, workers: int, epochs: int) -> dict[str, float]:
+class ControllerCpu:
+    """Samples /proc every 0.2 s for Ray Train controller processes (``ray::TrainController``
+    in the command line) and keeps each one's last (CPU seconds, seconds alive)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[float, float]] = {}
+        self._stop = threading.Event()
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit():
+                    self._sample(d)
+
+    def _sample(self, d: Path) -> None:
+        try:
+            if b"TrainController" not in (d / "cmdline").read_bytes():
+                return
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return
+        cpu = (int(fields[11]) + int(fields[12])) / self._tick  # utime + stime
+        alive = time.monotonic() - self._boot_offset(int(fields[19]))
+        self.seen[int(d.name)] = (cpu, alive)
+
+    def _boot_offset(self, start_ticks: int) -> float:
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.monotonic() - uptime + start_ticks / self._tick
+
+    def take(self) -> float:
+        """CPU fraction (CPU seconds / seconds alive) of the controllers seen since the last
+        call; forget them."""
+        cpu = sum(c for c, _ in self.seen.values())
+        alive = sum(a for _, a in self.seen.values())
+        self.seen.clear()
+        return cpu / alive if alive else float("nan")
+
+
+def _one(
+    storage: str, name: str, workers: int, epochs: int, poll: str | None = None
+) -> dict[str, float]:
     from calibtune.trial import run
 
+    if poll is not None:
+        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = poll
     clock = os.path.join(storage, f"{name}.clock")
     t0 = time.perf_counter()
     res = run(_cfg(storage, name, workers, epochs), callbacks=[EpochClock(clock)])
@@ -83,12 +132,35 @@ def _one(storage: str, name: str, workers: int, epochs: int) -> dict[str, float]
     return {"wall": wall, "gap_ms": 1000 * statistics.median(gaps) if gaps else float("nan")}
 
 
+def _by_poll(storage: str, epochs: list[int], polls: list[str]) -> None:
+    """Worker mode at each poll interval, alternated per epoch count, local mode beside."""
+    cpu = ControllerCpu()
+    rows = []
+    for n in epochs:
+        local = _one(storage, f"pl{n}", 0, n)
+        for poll in polls:
+            worker = _one(storage, f"pw{n}_{poll}", 1, n, poll)
+            rows.append((n, poll, local, worker, cpu.take()))
+    print(
+        "| epochs | poll | local wall | worker wall | per-epoch gap, worker − local "
+        "| controller CPU |"
+    )
+    print("|---|---|---|---|---|---|")
+    for n, poll, local, worker, frac in rows:
+        d = worker["gap_ms"] - local["gap_ms"]
+        print(
+            f"| {n} | {poll} s | {local['wall']:.1f} s | {worker['wall']:.1f} s | **{d:.1f} ms** "
+            f"| {100 * frac:.1f} % of a core |"
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1 repetition, epochs 1 and 20")
     ap.add_argument("--epochs", default="1,100,300")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of the 1-epoch pair")
     ap.add_argument("--ray-defaults", action="store_true", help="Ray's Train settings")
+    ap.add_argument("--polls", help="alternate these controller poll intervals, e.g. 0.05,0.02")
     args = ap.parse_args()
     epochs = [1, 20] if args.quick else [int(e) for e in args.epochs.split(",")]
     reps = 1 if args.quick else args.reps
@@ -102,6 +174,11 @@ def main() -> None:
     ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
     ray_init = time.perf_counter() - t0
     storage = tempfile.mkdtemp(prefix="bench-raytrain-")
+    if args.polls:
+        _by_poll(storage, epochs, args.polls.split(","))
+        ray.shutdown()
+        print(f"ray.init: {ray_init:.1f} s; load average after: {os.getloadavg()[0]:.1f}")
+        return
     fixed = []
     for rep in range(reps):
         local = _one(storage, f"l1_{rep}", 0, 1)
