@@ -25,6 +25,7 @@ Usage: python bench/bench_trial_overhead.py [--quick]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -71,6 +72,45 @@ class _Timed:
         self.end_s += time.perf_counter() - t0
 
 
+#: the end-of-trial stages timed inside a trial (module, function), patched for the bench only
+STAGES = (
+    ("calibtune.trial._driver", "check_data_files"),
+    ("calibtune.trial._worker", "_ood_logits"),
+    ("calibtune.trial._worker", "shift_logits"),
+    ("calibtune.trial._worker", "evaluate_final"),
+    ("calibtune.trial._worker", "write_artifacts"),
+    ("calibtune.plots", "save_trial_figures"),
+)
+
+
+@contextlib.contextmanager
+def _stage_timers() -> Any:
+    """Add up the time of each of `STAGES` while inside (the modules' attributes are wrapped,
+    then restored)."""
+    import importlib
+
+    acc: dict[str, float] = {}
+    saved = []
+    for mod_name, name in STAGES:
+        mod = importlib.import_module(mod_name)
+        fn = getattr(mod, name)
+        saved.append((mod, name, fn))
+
+        def timed(*a: Any, _fn: Any = fn, _name: str = name, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                acc[_name] = acc.get(_name, 0.0) + time.perf_counter() - t0
+
+        setattr(mod, name, timed)
+    try:
+        yield acc
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
 def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[str, float]]:
     from calibtune import trial as T
     from calibtune.study import _tracking as TR
@@ -90,9 +130,10 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[s
         run_id = TR._client(uri).create_run(exp).info.run_id
         cfg = T.config_from_dict(trial_dict(study, sampled, 1, f"{loss}-{i}"))
         cb = _Timed(TR.MlflowTrialCallback(uri, run_id, background=True))  # as a study
-        t0 = time.perf_counter()
-        res = T.run(cfg, callbacks=[cb], storage_path=tmp / "trials")
-        wall = time.perf_counter() - t0
+        with _stage_timers() as stages:
+            t0 = time.perf_counter()
+            res = T.run(cfg, callbacks=[cb], storage_path=tmp / "trials")
+            wall = time.perf_counter() - t0
         epochs_s = sum(h["epoch_time"] for h in res.history)
         out.append(
             {
@@ -104,6 +145,7 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[s
                 "mlflow_final_s": cb.end_s,
                 "rest_s": wall - epochs_s - cb.epoch_s - cb.end_s,
                 "metrics": len(res.metrics),
+                "stages_s": dict(stages),
             }
         )
     return out
@@ -216,6 +258,7 @@ def main() -> None:
             f"outside the epochs: MLflow per epoch {r['mlflow_epochs_s']:.2f}s, final MLflow "
             f"{r['mlflow_final_s']:.2f}s, rest {r['rest_s']:.2f}s; {r['metrics']} final metrics"
         )
+        print("   stages:", ", ".join(f"{k} {v:.2f}s" for k, v in r["stages_s"].items()))
     if "epoch_metrics" in out:
         e = out["epoch_metrics"]
         print(
