@@ -14,13 +14,18 @@
    this process after ``init_ray`` (whose time is the Ray start-up): study wall time vs
    ``Σ trial time_total_s / 2 + Ray start-up``.
 
-Usage: python bench/bench_trial_overhead.py [--quick] [--skip-trial|--skip-quickstart|--skip-study]
+4. **Per-epoch validation metrics** at 5000 × 100 with and without the selective keys
+   (AURC/AUGRC/refinement NLL: computed every epoch only when a study names one).
+
+Usage: python bench/bench_trial_overhead.py [--quick]
+    [--skip-trial|--skip-quickstart|--skip-study|--skip-epoch-metrics]
 (--quick: 3 epochs and a 4-trial study, for a smoke run.)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -67,6 +72,45 @@ class _Timed:
         self.end_s += time.perf_counter() - t0
 
 
+#: the end-of-trial stages timed inside a trial (module, function), patched for the bench only
+STAGES = (
+    ("calibtune.trial._driver", "check_data_files"),
+    ("calibtune.trial._worker", "_ood_logits"),
+    ("calibtune.trial._worker", "shift_logits"),
+    ("calibtune.trial._worker", "evaluate_final"),
+    ("calibtune.trial._worker", "write_artifacts"),
+    ("calibtune.plots", "save_trial_figures"),
+)
+
+
+@contextlib.contextmanager
+def _stage_timers() -> Any:
+    """Add up the time of each of `STAGES` while inside (the modules' attributes are wrapped,
+    then restored)."""
+    import importlib
+
+    acc: dict[str, float] = {}
+    saved = []
+    for mod_name, name in STAGES:
+        mod = importlib.import_module(mod_name)
+        fn = getattr(mod, name)
+        saved.append((mod, name, fn))
+
+        def timed(*a: Any, _fn: Any = fn, _name: str = name, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a, **k)
+            finally:
+                acc[_name] = acc.get(_name, 0.0) + time.perf_counter() - t0
+
+        setattr(mod, name, timed)
+    try:
+        yield acc
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
 def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[str, float]]:
     from calibtune import trial as T
     from calibtune.study import _tracking as TR
@@ -86,9 +130,10 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[s
         run_id = TR._client(uri).create_run(exp).info.run_id
         cfg = T.config_from_dict(trial_dict(study, sampled, 1, f"{loss}-{i}"))
         cb = _Timed(TR.MlflowTrialCallback(uri, run_id, background=True))  # as a study
-        t0 = time.perf_counter()
-        res = T.run(cfg, callbacks=[cb], storage_path=tmp / "trials")
-        wall = time.perf_counter() - t0
+        with _stage_timers() as stages:
+            t0 = time.perf_counter()
+            res = T.run(cfg, callbacks=[cb], storage_path=tmp / "trials")
+            wall = time.perf_counter() - t0
         epochs_s = sum(h["epoch_time"] for h in res.history)
         out.append(
             {
@@ -100,9 +145,31 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 2) -> list[dict[s
                 "mlflow_final_s": cb.end_s,
                 "rest_s": wall - epochs_s - cb.epoch_s - cb.end_s,
                 "metrics": len(res.metrics),
+                "stages_s": dict(stages),
             }
         )
     return out
+
+
+def bench_epoch_metrics(n: int = 5000, k: int = 100, reps: int = 5) -> dict[str, float]:
+    """One epoch's validation metrics on (n, k) logits, with and without the selective keys
+    (`calibtune.metrics.keys.FINAL_ONLY_KEYS`, ``eval.epoch_selective``), alternated; 1 thread
+    (a trial's default)."""
+    import torch
+
+    from calibtune.training import epoch_metrics
+
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(0)
+    logits, labels = 3 * torch.randn(n, k, generator=g), torch.randint(0, k, (n,), generator=g)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(reps):
+        for selective in (False, True):
+            t0 = time.perf_counter()
+            epoch_metrics("val", logits, labels, 15, selective=selective)
+            times[selective].append(time.perf_counter() - t0)
+    plain, full = sorted(times[False])[reps // 2], sorted(times[True])[reps // 2]
+    return {"plain_s": plain, "selective_s": full, "ratio": full / plain}
 
 
 def bench_quickstart(tmp: Path) -> dict[str, float]:
@@ -170,11 +237,14 @@ def main() -> None:
     ap.add_argument("--skip-trial", action="store_true")
     ap.add_argument("--skip-study", action="store_true")
     ap.add_argument("--skip-quickstart", action="store_true")
+    ap.add_argument("--skip-epoch-metrics", action="store_true")
     args = ap.parse_args()
     epochs = 3 if args.quick else 10
     out: dict[str, Any] = {"load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(prefix="calibtune-bench-") as d:
         tmp = Path(d)
+        if not args.skip_epoch_metrics:
+            out["epoch_metrics"] = bench_epoch_metrics()
         out["trial"] = [] if args.skip_trial else bench_trial(tmp, args.loss, epochs)
         if not args.skip_quickstart:
             out["quickstart"] = bench_quickstart(tmp)
@@ -187,6 +257,14 @@ def main() -> None:
             f"{r['epochs_s']:.2f}s (training {r['train_s']:.2f}s) -> ratio {r['ratio']:.2f}; "
             f"outside the epochs: MLflow per epoch {r['mlflow_epochs_s']:.2f}s, final MLflow "
             f"{r['mlflow_final_s']:.2f}s, rest {r['rest_s']:.2f}s; {r['metrics']} final metrics"
+        )
+        print("   stages:", ", ".join(f"{k} {v:.2f}s" for k, v in r["stages_s"].items()))
+    if "epoch_metrics" in out:
+        e = out["epoch_metrics"]
+        print(
+            f"val metrics of one epoch at 5000x100 (median of 5, alternated): "
+            f"{e['plain_s']:.3f}s, with AURC/AUGRC/refinement NLL {e['selective_s']:.3f}s "
+            f"(x{e['ratio']:.1f})"
         )
     if "quickstart" in out:
         print(f"calibtune run studies/quickstart.yaml: {out['quickstart']['wall_s']:.1f}s")

@@ -130,7 +130,9 @@ def _warn_version_drift(path: str) -> None:
         prov = read_provenance(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError):
         return
-    drift = version_drift(prov or {}, installed_versions())
+    if not prov:  # not exported: nothing to compare, and no import of every library (mlflow)
+        return
+    drift = version_drift(prov, installed_versions())
     if drift:
         print(
             f"calibtune train: warning: {path} was exported with other versions "

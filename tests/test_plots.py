@@ -95,3 +95,25 @@ def test_plots_and_ray_never_imported_by_the_core_or_the_loop() -> None:
 def test_gamma_dynamics_without_updates(empty: list | None) -> None:
     fig = plot_gamma_dynamics(empty)
     assert fig.axes[0].get_title() == "no adaptive-loss updates"
+
+
+def test_trial_figures_register_nothing_with_pyplot() -> None:
+    """The shift and risk–coverage figures use the object API: rendering one per trial never
+    fills pyplot's global registry (which warned after 20 figures and kept each alive)."""
+    import matplotlib.pyplot as plt
+
+    from calibtune.plots import plot_risk_coverage, plot_shift
+
+    curve = {"severities": [1, 2], "ece": {"uncalibrated": [0.1, 0.2], "ts": [0.05, None]}}
+    rc = {
+        "uncalibrated": {"coverage": [0.5, 1.0], "risk": [0.0, 0.5], "generalized_risk": [0, 0.5]}
+    }
+    before = plt.get_fignums()
+    for _ in range(3):
+        shift = plot_shift({"shift": {"noise": curve}, "val_shift": {"noise": curve}})
+        risk = plot_risk_coverage(rc)
+    assert plt.get_fignums() == before
+    assert [len(ax.lines) for ax in shift.axes] == [2, 2]  # one line per method, per side
+    assert [ax.get_title() for ax in shift.axes] == ["noise (test)", "noise (validation)"]
+    labels = [t.get_text() for t in risk.axes[0].get_legend().get_texts()]
+    assert labels == ["uncalibrated (0.1250)"]  # trapezoid: ½·0.5·(0 + 0.5)

@@ -275,6 +275,22 @@ def test_provenance_block_round_trips_and_names_version_drift(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_a_config_without_provenance_imports_no_library_for_the_drift_check(tmp_path) -> None:
+    """`calibtune train` on a hand-written config: no versions to compare, so the check
+    imports nothing (mlflow alone took seconds of a trial's start)."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "plain.yaml"
+    path.write_text("name: x\n")
+    code = (
+        "import sys; from calibtune.cli import _warn_version_drift; "
+        f"_warn_version_drift({str(path)!r}); print('mlflow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
+
+
 def test_dashboard_cli_refuses_a_study_without_optuna_storage_in_one_line(tmp_path, capsys):
     from calibtune.cli import main
     from calibtune.study._studydir import StudyDir, StudyState

@@ -194,18 +194,52 @@ def test_epoch_metrics_prefixes_every_scalar() -> None:
     logits = torch.randn(40, 3)
     m = epoch_metrics("val", logits, ds.tensors[1], 10)
     from calibtune.metrics import calibration_report
+    from calibtune.metrics.keys import FINAL_ONLY_KEYS
+    from calibtune.training._uncertainty import selective_metrics
 
     report = calibration_report(logits=logits, labels=ds.tensors[1], n_bins=10)
     scalars = {k for k, v in report.items() if isinstance(v, int | float)}
     scalars |= {k for k, v in report.items() if isinstance(v, torch.Tensor) and v.numel() == 1}
-    from calibtune.metrics.keys import FINAL_ONLY_KEYS
-
-    # validation also carries AURC/AUGRC/refinement NLL (selectable objectives)
-    assert set(m) == {f"val/{k}" for k in (*scalars, *FINAL_ONLY_KEYS)}
-    assert m["val/refinement_nll"] <= m["val/nll"] + 1e-12
+    assert set(m) == {f"val/{k}" for k in scalars}
     assert all(m[f"val/{k}"] == pytest.approx(float(report[k]), abs=0) for k in scalars)
     assert {"val/ece", "val/nll", "val/error"} <= set(m)
     assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+    # selective: AURC/AUGRC/refinement NLL too; the refit on the logits equals the one on log p
+    s = epoch_metrics("val", logits, ds.tensors[1], 10, selective=True)
+    assert set(s) == set(m) | {f"val/{k}" for k in FINAL_ONLY_KEYS}
+    assert s["val/refinement_nll"] <= s["val/nll"] + 1e-12
+    on_log_p = selective_metrics(torch.softmax(logits.double(), 1), ds.tensors[1], "val")
+    assert {k: s[k] for k in on_log_p} == pytest.approx(on_log_p, abs=1e-12)
+
+
+@pytest.mark.parametrize("selective", [False, True])
+def test_selective_metrics_every_epoch_only_when_asked(selective: bool) -> None:
+    """``epoch_selective`` (a study names val/aurc, val/augrc or val/refinement_nll): in every
+    epoch's report, for the epoch_posthoc methods too; else in none (the final evaluation has
+    them)."""
+    from calibtune.metrics import keys as K
+
+    ds = _blobs(60)
+    model = nn.Linear(5, 3)
+    spec = LoopSpec(
+        model=model,
+        loss_fn=nn.CrossEntropyLoss(),
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        lr_at=lambda e: 0.1,
+        train_set=ds,
+        val_set=_blobs(30, seed=1),
+        test_set=None,
+        epochs=2,
+        batch_size=16,
+        epoch_posthoc={"ts": {}},
+        epoch_selective=selective,
+    )
+    history: list[dict[str, Any]] = []
+    train_epochs(spec, on_epoch_end=lambda e, m, c: history.append(m))
+    want = {K.key("val", m, p) for m in K.FINAL_ONLY_KEYS for p in ("", "ts")}
+    for h in history:
+        assert (want & set(h)) == (want if selective else set())
+        assert set(h) <= K.epoch_keys(epoch_posthoc=["ts"], selective=selective)
 
 
 def test_evaluate_final_names_and_ts_keeps_argmax() -> None:

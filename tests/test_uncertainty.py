@@ -267,7 +267,22 @@ def test_studies_may_select_on_refinement_and_aurc_but_not_on_a_ci_bound(tmp_pat
         path.write_text(yaml.safe_dump(raw))
         return path
 
+    from calibtune.study._trainable import trial_dict
+    from calibtune.trial import config_from_dict
+
     for metric in ("val/refinement_nll", "val/aurc@ts", "val/augrc"):
-        assert load_study(study(metric)).search.objectives[0].metric == metric
+        s = load_study(study(metric))
+        assert s.search.objectives[0].metric == metric
+        # named: computed every epoch (Optuna and ASHA read every report)
+        cfg = config_from_dict(trial_dict(s, {"loss": "cross_entropy"}, 1, "t"))
+        assert cfg.eval.epoch_selective
+        assert metric in K.epoch_keys(epoch_posthoc=cfg.eval.epoch_posthoc, selective=True)
+    # not named: the final evaluation only
+    cfg = config_from_dict(
+        trial_dict(load_study(study("val/ece@ts")), {"loss": "cross_entropy"}, 1, "t")
+    )
+    assert not cfg.eval.epoch_selective
+    assert "val/aurc" not in K.epoch_keys(epoch_posthoc=cfg.eval.epoch_posthoc)
+    assert {"val/aurc", "val/refinement_nll@ts"} <= cfg.metric_keys(posthoc_params=False)
     with pytest.raises(ValueError, match=r"not a bootstrap CI bound .*got 'val/ece_ci_low'"):
         load_study(study("val/ece_ci_low"))

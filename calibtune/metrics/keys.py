@@ -79,6 +79,7 @@ __all__ = [
     "from_mlflow",
     "higher_is_better",
     "is_adaptive_list",
+    "is_final_only",
     "is_selectable",
     "is_statistic",
     "key",
@@ -125,7 +126,9 @@ SHIFT_METRICS = ("error", "ece", "adaece", "nll")
 CI_STATS = ("ci_low", "ci_high")
 STATS = ("std", *CI_STATS)
 #: what the end-of-trial evaluation reports besides `REPORT_KEYS`, for val and test, before and
-#: after every post-hoc method: AURC/AUGRC and the NLL after NLL-optimal TS (refinement)
+#: after every post-hoc method: AURC/AUGRC and the NLL after NLL-optimal TS (refinement). Per
+#: epoch only when a study selects on one of them (`is_final_only`, ``eval.epoch_selective``):
+#: the refinement fit costs ~10× the rest of an epoch's validation metrics
 FINAL_ONLY_KEYS = (*SELECTIVE_KEYS, "refinement_nll")
 #: metrics a trial bootstraps (``eval.bootstrap``): every report metric but smECE, whose kernel
 #: fixed point costs one `relplot` call per resample (`calibtune.metrics.bootstrap_values`)
@@ -466,6 +469,20 @@ def adaptive_summary(
     return out
 
 
+def is_final_only(metric: str) -> bool:
+    """True for a validation `FINAL_ONLY_KEYS` metric (``val/aurc``, ``val/refinement_nll@ts``):
+    a study that selects on one needs it in every epoch's report (``eval.epoch_selective``).
+
+    >>> is_final_only("val/augrc@ts"), is_final_only("val/ece@ts")
+    (True, False)
+    """
+    try:
+        k = parse(metric)
+    except ValueError:
+        return False
+    return k.split == "val" and k.name in FINAL_ONLY_KEYS
+
+
 def is_adaptive_list(metric: str) -> bool:
     """True for ``adaptive/{gammas,edges,gap}``: per-bin lists (MLflow gets their elements only
     with ``eval.log_adaptive_bins``)."""
@@ -485,19 +502,21 @@ def epoch_keys(
     adaptive: bool = False,
     epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
+    selective: bool = False,
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
-    (at least in the last epoch), ``val/{aurc,augrc,refinement_nll}[@<method>]`` (selectable),
-    for an adaptive loss ``adaptive/*`` (epochs in which it updated) and, for ``epoch_shift``
+    (at least in the last epoch), with ``selective`` (``eval.epoch_selective``: a study selects
+    on one, `is_final_only`) ``val/{aurc,augrc,refinement_nll}[@<method>]``, for an adaptive
+    loss ``adaptive/*`` (epochs in which it updated) and, for ``epoch_shift``
     ``(set, severities)``, its `shift_keys` on ``val_shift`` uncalibrated and after
     ``epoch_posthoc``."""
     out = set(RUN_KEYS)
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
-    # selectable, so in every report (Optuna and ASHA read them)
-    out |= {key("val", m, p) for m in FINAL_ONLY_KEYS for p in ("", *epoch_posthoc)}
+    if selective:  # Optuna and ASHA read every report
+        out |= {key("val", m, p) for m in FINAL_ONLY_KEYS for p in ("", *epoch_posthoc)}
     if adaptive:
         out |= {key("adaptive", n) for n in ADAPTIVE_KEYS}
     for name, severities in epoch_shift:
@@ -556,19 +575,25 @@ def final_keys(
     return frozenset(out)
 
 
-#: the `expected_keys` settings that go to `epoch_keys`; every other one goes to `final_keys`
-_EPOCH_SETTINGS = frozenset({"epoch_posthoc", "adaptive", "epoch_shift"})
+#: the `expected_keys` settings that go to `epoch_keys` (under that function's name for them);
+#: every other one goes to `final_keys`
+_EPOCH_SETTINGS = {
+    "epoch_posthoc": "epoch_posthoc",
+    "adaptive": "adaptive",
+    "epoch_shift": "epoch_shift",
+    "epoch_selective": "selective",
+}
 
 
 def expected_keys(*, report: Sequence[str] = REPORT_KEYS, **settings: Any) -> frozenset[str]:
     """Every key a trial with these settings reports: `epoch_keys` ∪ `final_keys`, both for
-    ``report``; ``epoch_posthoc``, ``adaptive`` and ``epoch_shift`` are `epoch_keys`' settings,
-    the others (``posthoc``, ``posthoc_params``, ``ood``, ``shift``, ``bootstrap``)
-    `final_keys`'.
+    ``report``; ``epoch_posthoc``, ``adaptive``, ``epoch_shift`` and ``epoch_selective``
+    (`epoch_keys`' ``selective``) are `epoch_keys`' settings, the others (``posthoc``,
+    ``posthoc_params``, ``ood``, ``shift``, ``bootstrap``) `final_keys`'.
 
     >>> sorted(expected_keys(adaptive=True) - expected_keys())[:2]
     ['adaptive/edges', 'adaptive/gamma_max']
     """
-    epoch = {k: v for k, v in settings.items() if k in _EPOCH_SETTINGS}
+    epoch = {_EPOCH_SETTINGS[k]: v for k, v in settings.items() if k in _EPOCH_SETTINGS}
     final = {k: v for k, v in settings.items() if k not in _EPOCH_SETTINGS}
     return epoch_keys(report=report, **epoch) | final_keys(report=report, **final)

@@ -24,11 +24,9 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
+from calibtune.plots._layout import TITLE_Y, margins
 from calibtune.plots._selective import plot_risk_coverage
 from calibtune.plots._shift import plot_shift
-
-# A title at a fixed height: matplotlib otherwise measures every tick label to place it
-TITLE_Y = 1.0
 
 __all__ = [
     "plot_gamma_dynamics",
@@ -77,7 +75,7 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
         ax.legend(loc="upper left", fontsize=7)
     for ax in list(axes.flat)[len(tables) :]:
         ax.axis("off")
-    _margins(fig, left=0.5, bottom=0.45, top=0.3, wspace=0.6, hspace=0.75)
+    margins(fig, left=0.5, bottom=0.45, top=0.3, wspace=0.6, hspace=0.75)
     return fig
 
 
@@ -89,7 +87,7 @@ def plot_gamma_dynamics(history: Sequence[Mapping[str, Any]]) -> Figure:
     """
     fig = Figure(figsize=(7, 6))
     ax_g, ax_d = fig.subplots(2, 1, sharex=True)
-    _margins(fig, left=0.85, bottom=0.45, top=0.3, hspace=0.1)
+    margins(fig, left=0.85, bottom=0.45, top=0.3, hspace=0.1)
     if not history:
         ax_g.set_title("no adaptive-loss updates", y=TITLE_Y)
         return fig
@@ -139,24 +137,8 @@ def plot_roc(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
     ax.set_title("OOD detection ROC", y=TITLE_Y)
     if curves:
         ax.legend(fontsize=6, loc="lower right")
-    _margins(fig, left=0.5, bottom=0.45, top=0.3)
+    margins(fig, left=0.5, bottom=0.45, top=0.3)
     return fig
-
-
-def _margins(
-    fig: Figure, *, left: float, bottom: float, top: float, wspace: float = 0.2, **kw: float
-) -> None:
-    """Fixed margins in inches (room for tick labels, axis labels and titles at 10 pt)."""
-    w, h = fig.get_size_inches()
-    cols = fig.axes[0].get_gridspec().ncols if fig.axes else 1
-    fig.subplots_adjust(
-        left=left / w,
-        right=1 - 0.15 / w,
-        bottom=bottom / h,
-        top=1 - top / h,
-        wspace=wspace if cols > 1 else None,
-        **kw,
-    )
 
 
 def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:

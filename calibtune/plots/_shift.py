@@ -10,12 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+
+from calibtune.plots._layout import TITLE_Y, margins
 
 __all__ = ["plot_shift"]
 
@@ -24,15 +22,13 @@ _SIDE = {"shift": "test", "val_shift": "validation"}
 
 def plot_shift(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Figure:
     """One row per (side, set), one column per metric; x: severity, y: the metric (in % for
-    error/ECE/AdaECE), one line per method (``uncalibrated`` solid black)."""
+    error/ECE/AdaECE), one line per method (``uncalibrated`` solid black). Object API with
+    fixed margins (`calibtune.plots._layout`): no pyplot, nothing registered globally."""
     rows = [(side, name, c) for side, sets in data.items() for name, c in sets.items()]
     metrics = [m for m in rows[0][2] if m != "severities"] if rows else []
-    fig, axes = plt.subplots(
-        max(1, len(rows)),
-        max(1, len(metrics)),
-        figsize=(3.2 * max(1, len(metrics)), 2.8 * max(1, len(rows))),
-        squeeze=False,
-    )
+    n_rows, n_cols = max(1, len(rows)), max(1, len(metrics))
+    fig = Figure(figsize=(3.2 * n_cols, 2.8 * n_rows))
+    axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for r, (side, name, curve) in enumerate(rows):
         sev = np.asarray(curve["severities"], dtype=float)
         for c, metric in enumerate(metrics):
@@ -45,8 +41,8 @@ def plot_shift(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Figure:
             ax.set_xticks(sev)
             ax.set_xlabel("severity")
             ax.set_ylabel(metric if metric == "nll" else f"{metric} (%)")
-            ax.set_title(f"{name} ({_SIDE.get(side, side)})", fontsize=8)
+            ax.set_title(f"{name} ({_SIDE.get(side, side)})", fontsize=8, y=TITLE_Y)
     if rows and metrics:
         axes[0, 0].legend(fontsize=6)
-    fig.tight_layout()
+    margins(fig, left=0.65, bottom=0.45, top=0.3, wspace=0.4, hspace=0.45)
     return fig

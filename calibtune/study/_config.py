@@ -196,7 +196,9 @@ def _check_reported(objectives: Sequence[Any], base: Any, path: str = "objective
     ``base`` is the validated base trial config (`_base_trial`)."""
     from calibtune.posthoc import list_posthoc
 
-    every = dataclasses.replace(base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True)
+    every = dataclasses.replace(
+        base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True, epoch_selective=True
+    )
     cfg = base.replace(eval=every)
     reported = cfg.metric_keys(posthoc_params=False)
     for i, o in enumerate(objectives):

@@ -73,6 +73,10 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
         ev["epoch_posthoc"] = sorted(set(ev.get("epoch_posthoc") or []) | set(objectives_posthoc))
     if any(K.parse(o.metric).split == "val_shift" for o in study.search.objectives):
         ev["epoch_shift"] = True  # every report (Optuna's, ASHA's) must carry the objective
+    if any(
+        K.is_final_only(o.metric) for o in (*study.search.objectives, *study.search.constraints)
+    ):
+        ev["epoch_selective"] = True
     d["eval"] = ev
     return d
 

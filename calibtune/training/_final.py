@@ -68,16 +68,20 @@ def posthoc_val_metrics(
     val_labels: Tensor,
     posthoc: Mapping[str, Mapping[str, Any]],
     n_bins: int = 15,
+    *,
+    selective: bool = False,
 ) -> dict[str, float]:
     """``val/<m>@<method>``: each post-hoc method fitted on the validation logits and scored on
     them — the selection criterion of the seeds (e.g. T chosen by validation ECE). Test data is
-    never touched, so studies may optimise these."""
+    never touched, so studies may optimise these. ``selective``: also
+    ``val/{aurc,augrc,refinement_nll}@<method>`` (`K.FINAL_ONLY_KEYS`)."""
     out: dict[str, float] = {}
     for name, params in posthoc.items():
         method = build_posthoc(name, **dict(params)).fit(val_logits, val_labels)
         probs = _probs(method, val_logits)
         out.update(_report(probs, val_labels, n_bins, name, "val"))
-        out.update(selective_metrics(probs, val_labels, "val", name))  # objectives too
+        if selective:
+            out.update(selective_metrics(probs, val_labels, "val", name))
     return out
 
 

@@ -9,7 +9,8 @@ Per epoch ``e`` (1-based):
      batches from a fresh validation pass, after which the model goes back to ``train()``;
   2. one validation pass (cached logits) feeds both the epoch-end adaptive update
      (``update_every == "epoch"``) and the validation ``calibration_report`` (and, for the
-     ``epoch_posthoc`` methods, their fit and ``val/<m>@<name>`` report on the same logits);
+     ``epoch_posthoc`` methods, their fit and ``val/<m>@<name>`` report on the same logits;
+     with ``epoch_selective`` also AURC/AUGRC/refinement NLL, else those wait for the end);
   3. optionally one test pass; then ``on_epoch_end(e, metrics, cache)``.
 AdaFocal (Ghosh et al., NeurIPS 2022, Alg. 1) updates γ from validation-bin statistics once per
 epoch; all ranks score the full validation set (sharded + all-gathered), so every rank computes
@@ -86,6 +87,8 @@ class LoopSpec:
     eval_model: nn.Module | None = None  # unwrapped module for inference (no DDP hooks)
     # post-hoc methods fitted and scored on validation every epoch (``val/<m>@<name>``)
     epoch_posthoc: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # val/{aurc,augrc,refinement_nll}[@<name>] every epoch (`K.is_final_only`; else final only)
+    epoch_selective: bool = False
 
 
 def lr_schedule(
@@ -119,8 +122,11 @@ def lr_schedule(
     return lr_at
 
 
-def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> dict[str, float]:
-    """``{prefix/<key>: value}`` for every scalar of ``calibration_report`` on cached logits."""
+def epoch_metrics(
+    prefix: str, logits: Tensor, labels: Tensor, n_bins: int, *, selective: bool = False
+) -> dict[str, float]:
+    """``{prefix/<key>: value}`` for every scalar of ``calibration_report`` on cached logits;
+    with ``selective`` also ``prefix/{aurc,augrc,refinement_nll}`` (`K.FINAL_ONLY_KEYS`)."""
     report = calibration_report(logits=logits, labels=labels, n_bins=n_bins)
     out: dict[str, float] = {}
     for k, v in report.items():
@@ -128,8 +134,9 @@ def epoch_metrics(prefix: str, logits: Tensor, labels: Tensor, n_bins: int) -> d
             v = v.item()
         if isinstance(v, int | float):
             out[K.key(prefix, k)] = float(v)
-    if prefix == "val":  # AURC/AUGRC/refinement NLL may be objectives: in every report
-        out.update(selective_metrics(torch.softmax(logits.double(), 1), labels, prefix))
+    if selective:
+        probs = torch.softmax(logits.double(), 1)
+        out.update(selective_metrics(probs, labels, prefix, logits=logits))
     return out
 
 
@@ -265,9 +272,14 @@ def _evaluate_epoch(
         K.key("train", "loss"): (totals[0] / totals[2]).item(),
         K.key("train", "error"): (totals[1] / totals[2]).item(),
     }
-    metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins))
+    sel = spec.epoch_selective
+    metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins, selective=sel))
     if spec.epoch_posthoc:
-        metrics.update(posthoc_val_metrics(val_logits, val_labels, spec.epoch_posthoc, spec.n_bins))
+        metrics.update(
+            posthoc_val_metrics(
+                val_logits, val_labels, spec.epoch_posthoc, spec.n_bins, selective=sel
+            )
+        )
     cache = EpochCache(val_logits, val_labels, updates=updates)
     if spec.test_set is not None and (spec.test_every_epoch or epoch == spec.epochs):
         cache.test_logits, cache.test_labels = infer(spec.test_set)

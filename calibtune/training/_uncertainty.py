@@ -51,12 +51,16 @@ def _thin_curve(curve: Mapping[str, Tensor]) -> dict[str, list[float]]:
     return {k: v[idx].tolist() for k, v in curve.items()}
 
 
-def selective_metrics(probs: Tensor, labels: Tensor, split: str, method: str = "") -> dict:
+def selective_metrics(
+    probs: Tensor, labels: Tensor, split: str, method: str = "", *, logits: Tensor | None = None
+) -> dict:
     """``<split>/{aurc,augrc,refinement_nll}[@<method>]`` of probs (N, K) (`K.FINAL_ONLY_KEYS`;
-    the refinement NLL refits TS on log p, which equals TS on the logits)."""
+    the refinement NLL refits TS on log p, which equals TS on the ``logits`` that gave ``probs``
+    by softmax, used as they are when given: no log, no clamp)."""
     out = M.selective_report(probs, labels, validate_args=False)
-    log_p = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
-    out["refinement_nll"] = refinement_nll(log_p, labels, validate_args=False)
+    if logits is None:
+        logits = torch.log(probs.double().clamp_min(torch.finfo(torch.float64).tiny))
+    out["refinement_nll"] = refinement_nll(logits, labels, validate_args=False)
     return {K.key(split, m, method): v for m, v in out.items()}
 
 

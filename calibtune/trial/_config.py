@@ -143,6 +143,9 @@ class EvalConfig:
     # the val_shift/ keys of data.shift every epoch, uncalibrated and after epoch_posthoc
     # (studies that select on e.g. val_shift/digits_noise/ece@ts need them in every report)
     epoch_shift: bool = False
+    # val/{aurc,augrc,refinement_nll}[@epoch_posthoc] every epoch (default: at the end only;
+    # studies that select on one need it in every report)
+    epoch_selective: bool = False
     posthoc: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: {name: {} for name in DEFAULT_POSTHOC}
     )
@@ -324,6 +327,7 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         posthoc=posthoc,
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
         epoch_shift=check_bool(d.get("epoch_shift", False), "eval.epoch_shift"),
+        epoch_selective=check_bool(d.get("epoch_selective", False), "eval.epoch_selective"),
     )
 
 

@@ -72,4 +72,5 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
         ],
         adaptive=bool(getattr(loss, "adaptive", False)),
         bootstrap=cfg.eval.bootstrap > 0,
+        epoch_selective=cfg.eval.epoch_selective,
     )

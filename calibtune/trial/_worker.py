@@ -297,6 +297,7 @@ def _loop_spec(t: _Trial) -> Any:
         world=t.world,
         eval_model=t.net,
         epoch_posthoc={n: dict(cfg.eval.posthoc.get(n, {})) for n in cfg.eval.epoch_posthoc},
+        epoch_selective=cfg.eval.epoch_selective,
     )
 
 
