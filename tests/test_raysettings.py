@@ -21,7 +21,7 @@ def test_defaults_are_applied_to_the_environment(clean_env: pytest.MonkeyPatch) 
     import os
 
     assert apply_train_env() == TRAIN_ENV
-    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.05"
+    assert os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "0.02"
     assert float(TRAIN_ENV["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"]) < 2.0  # Ray's default polls 2 s
 
 
