@@ -189,20 +189,25 @@ def bench_quickstart(tmp: Path) -> dict[str, float]:
     return {"wall_s": wall}
 
 
-def bench_study(tmp: Path, samples: int, epochs: int) -> dict[str, float]:
+_RAY_START: dict[str, float] = {}
+
+
+def bench_study(tmp: Path, samples: int, epochs: int, reuse: bool = True) -> dict[str, float]:
+    """One study; Ray is started by the first call in a process (its start-up counted then),
+    the later calls find it running and count the first call's start-up again."""
     from calibtune.study._config import load_study
     from calibtune.study._raycluster import init_ray
     from calibtune.study._search import run_study
 
-    raw = _quickstart_raw(num_samples=samples, max_concurrent=2)
-    raw["name"] = "bench_overhead_study"
+    raw = _quickstart_raw(num_samples=samples, max_concurrent=2, reuse_actors=reuse)
+    raw["name"] = f"bench_overhead_study_{'reuse' if reuse else 'fresh'}"
     raw["trial"]["train"]["epochs"] = epochs
-    path = tmp / "study.yaml"
+    path = tmp / f"{raw['name']}.yaml"
     path.write_text(yaml.safe_dump(copy.deepcopy(raw)))
     study = load_study(path)
     t0 = time.perf_counter()
     init_ray(verbose=False)
-    ray_s = time.perf_counter() - t0
+    ray_s = _RAY_START.setdefault("s", time.perf_counter() - t0)
     t1 = time.perf_counter()
     outcome = run_study(
         study, tracking_uri=f"sqlite:///{tmp / 'study_mlflow.db'}", storage=tmp / "s", verbose=0
@@ -219,6 +224,7 @@ def bench_study(tmp: Path, samples: int, epochs: int) -> dict[str, float]:
     )
     parent = MlflowClient(outcome.tracking_uri).get_run(outcome.parent_run_id)
     return {
+        "reuse_actors": reuse,
         "trials": len(trial_s),
         "ray_start_s": ray_s,
         "study_s": study_s,
@@ -238,6 +244,12 @@ def main() -> None:
     ap.add_argument("--skip-study", action="store_true")
     ap.add_argument("--skip-quickstart", action="store_true")
     ap.add_argument("--skip-epoch-metrics", action="store_true")
+    ap.add_argument(
+        "--study-reuse",
+        default="true",
+        choices=("true", "false", "both"),
+        help="search.reuse_actors of the 16-trial study; both: fresh processes, then reused",
+    )
     args = ap.parse_args()
     epochs = 3 if args.quick else 10
     out: dict[str, Any] = {"load_before": os.getloadavg()}
@@ -249,7 +261,8 @@ def main() -> None:
         if not args.skip_quickstart:
             out["quickstart"] = bench_quickstart(tmp)
         if not args.skip_study:
-            out["study"] = bench_study(tmp, 4 if args.quick else 16, epochs)
+            reuse = {"true": [True], "false": [False], "both": [False, True]}[args.study_reuse]
+            out["study"] = [bench_study(tmp, 4 if args.quick else 16, epochs, r) for r in reuse]
     out["load_after"] = os.getloadavg()
     for i, r in enumerate(out["trial"]):
         print(
@@ -268,10 +281,10 @@ def main() -> None:
         )
     if "quickstart" in out:
         print(f"calibtune run studies/quickstart.yaml: {out['quickstart']['wall_s']:.1f}s")
-    if "study" in out:
-        s = out["study"]
+    for s in out.get("study", []):
         print(
-            f"study: {s['trials']} trials, Ray start-up {s['ray_start_s']:.1f}s, study "
+            f"study (reuse_actors={s['reuse_actors']}): {s['trials']} trials, Ray start-up "
+            f"{s['ray_start_s']:.1f}s, study "
             f"{s['study_s']:.1f}s (Tuner.fit {s['tuner_fit_s']:.1f}s), Σ trial "
             f"{s['sum_trial_s']:.1f}s -> (study + start-up) / (Σ trial / 2 + start-up) = "
             f"{s['ratio']:.2f}; trial wall / its epochs in the study: median "

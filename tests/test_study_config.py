@@ -115,6 +115,10 @@ MALFORMED = [
         r"search.scheduler: expected 'none' for a multi-objective study",
     ),
     (_with("search.seeds", []), r"search.seeds: expected a non-empty list of integers, got \[\]"),
+    (
+        _with("search.reuse_actors", "yes"),
+        r"search.reuse_actors: expected a boolean \(true/false\), got 'yes'",
+    ),
     (_with("search.sampler", "grid"), r"search.sampler: expected categorical distributions only"),
     (
         _with("tracking", {"experiment": 5}),
@@ -257,3 +261,11 @@ def test_paper_studies_stop_before_any_trial_when_files_are_missing(
     assert "cifar10: dataset files not found" in err[0]
     assert "cifar-10-batches-py" in err[0] and "never downloads" in err[0]
     assert list(tmp_path.iterdir()) == []  # nothing written: no study state, no MLflow store
+
+
+def test_reuse_actors_defaults_to_true_and_can_be_turned_off(tmp_path):
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(_with("search.num_samples", 2)))
+    assert load_study(path).search.reuse_actors is True
+    path.write_text(yaml.safe_dump(_with("search.reuse_actors", False)))
+    assert load_study(path).search.reuse_actors is False

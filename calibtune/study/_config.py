@@ -20,7 +20,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from calibtune._names import check_experiment, check_name
-from calibtune._validate import check_int, check_keys, check_mapping
+from calibtune._validate import check_bool, check_int, check_keys, check_mapping
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
 from calibtune.study._constraints import Constraint, parse_constraints
@@ -51,6 +51,7 @@ SEARCH_KEYS = (
     "grace_period",
     "seeds",
     "max_failures",
+    "reuse_actors",
     "optuna_storage",
     "constraints",
 )
@@ -89,6 +90,7 @@ class SearchConfig:
     grace_period: int = 1
     seeds: tuple[int, ...] = (1,)
     max_failures: int = 0
+    reuse_actors: bool = True  # a Tune trial process trains trial after trial (imports paid once)
     optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
     constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (study/_constraints.py)
 
@@ -260,6 +262,7 @@ def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
         grace_period=check_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
         seeds=seeds,
         max_failures=check_int(d.get("max_failures", s.max_failures), "search.max_failures", 0),
+        reuse_actors=check_bool(d.get("reuse_actors", s.reuse_actors), "search.reuse_actors"),
         optuna_storage=_optuna_storage(d.get("optuna_storage")),
         constraints=constraints,
     )

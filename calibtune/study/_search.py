@@ -124,6 +124,7 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
             search_alg=_searcher(study),
             scheduler=make_scheduler(study),
             num_samples=study.search.num_samples,
+            reuse_actors=study.search.reuse_actors,
             metric=objs[0].metric if single else None,
             mode=objs[0].mode if single else None,
         ),
