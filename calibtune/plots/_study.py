@@ -10,11 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 __all__ = [
@@ -48,6 +45,14 @@ def param_positions(values: Sequence[Any]) -> tuple[np.ndarray, list[str] | None
     return np.asarray([np.nan if _missing(v) else index[str(v)] for v in values], float), labels
 
 
+def _figure(figsize: tuple[float, float]) -> Figure:
+    """A figure of the object API on an Agg canvas: no pyplot (no global registry to close, no
+    GUI backend; the summary is drawn from a thread of the study driver)."""
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig
+
+
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and np.isnan(v))
 
@@ -56,7 +61,8 @@ def plot_objective_history(values: Sequence[float], objective: str, mode: str) -
     """Objective per trial in start order (dots; failed trials absent) and the best so far."""
     v = np.asarray(values, dtype=float)
     x = np.arange(1, len(v) + 1)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig = _figure((6, 3.5))
+    ax = fig.subplots()
     ax.plot(x, v, "o", label=objective)
     ax.step(x, running_best(v, mode), where="post", color="C3", label=f"best so far ({mode})")
     ax.set_xlabel("trial (start order)")
@@ -72,7 +78,8 @@ def plot_metric_vs_params(
     """One panel per searched hyperparameter: each metric of ``series`` (e.g. val ECE before
     and after TS) against the parameter's value, for the trials that have the parameter."""
     names = list(params) or ["(no searched parameters)"]
-    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3), squeeze=False)
+    fig = _figure((3.2 * len(names), 3))
+    axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names, strict=True):
         ax.set_title(name, fontsize=9)
         if name not in params:
@@ -92,7 +99,8 @@ def plot_pareto(values: Any, mask: Any, names: Sequence[str]) -> Figure:
     highlighted and joined."""
     v = np.asarray(values, dtype=float)[:, :2]
     m = np.asarray(mask, dtype=bool)
-    fig, ax = plt.subplots(figsize=(4.5, 4))
+    fig = _figure((4.5, 4))
+    ax = fig.subplots()
     ax.plot(v[~m, 0], v[~m, 1], "o", color="0.6", label="dominated")
     front = v[m][np.argsort(v[m, 0])]
     ax.plot(front[:, 0], front[:, 1], "o-", color="C3", label="Pareto front")
@@ -106,7 +114,8 @@ def plot_pareto(values: Any, mask: Any, names: Sequence[str]) -> Figure:
 def plot_importances(importances: Mapping[str, float]) -> Figure:
     """Horizontal bars of Optuna's parameter importances (largest on top)."""
     items = sorted(importances.items(), key=lambda kv: kv[1])
-    fig, ax = plt.subplots(figsize=(5, 0.4 * len(items) + 1))
+    fig = _figure((5, 0.4 * len(items) + 1))
+    ax = fig.subplots()
     ax.barh([k for k, _ in items], [v for _, v in items], color="C0")
     ax.set_xlabel("importance (optuna.importance.get_param_importances)")
     fig.tight_layout()

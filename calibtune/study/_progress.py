@@ -1,5 +1,10 @@
 """Driver-side Tune callbacks: one line per finished or failed trial, MLflow kept in step with
 Tune's view of each trial, and a storage guard that stops the study before the disk is full.
+
+The parent run's summary is refreshed off Tune's event loop (`SummaryWorker`), so that a
+finished trial's slot is refilled at once. What `run_study` reads back after ``Tuner.fit``
+(`drain_summaries`, `guard_message`) is kept per study in this module, not on the callback
+objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
 """
 
 from __future__ import annotations
@@ -7,7 +12,9 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +29,60 @@ from calibtune.study._trainable import StudyPayload, failure_reason
 # Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
 
-__all__ = ["min_free_bytes", "study_callbacks"]
+__all__ = ["SummaryWorker", "drain_summaries", "guard_message", "min_free_bytes", "study_callbacks"]
+
+Ended = tuple[str, dict, Any, bool]  # (trial id, config, last result, failed): `persist_ended`
+
+
+class SummaryWorker:
+    """Runs ``refresh(batch)`` on one background thread for the trials that ended: a trial that
+    ends while a refresh runs joins the next batch (each ended trial is recorded once, the
+    summary redrawn as often as the refreshes keep up). `drain` waits until all are done."""
+
+    def __init__(self, refresh: Callable[[list[Ended]], None]) -> None:
+        self._refresh = refresh
+        self._pending: list[Ended] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, ended: Ended) -> None:
+        with self._lock:
+            self._pending.append(ended)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                batch, self._pending = self._pending, []
+                if not batch:
+                    self._thread = None
+                    return
+            try:
+                self._refresh(batch)
+            except Exception as exc:  # never a dead thread that `drain` would wait for
+                print(f"[calibtune] warning: parent-run summary not updated ({exc!r:.200})")
+
+    def drain(self) -> None:
+        while (thread := self._thread) is not None:
+            thread.join()
+
+
+_WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (driver process)
+_GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
+
+
+def drain_summaries() -> None:
+    """Wait for every study's summary refreshes in this process (a resumed study's callbacks
+    may still name the parent run its first session had)."""
+    for worker in list(_WORKERS.values()):
+        worker.drain()
+
+
+def guard_message(storage: Path) -> str | None:
+    """Why the storage guard stopped the study in ``storage`` in this process, if it did."""
+    return _GUARD.get(str(storage))
 
 
 def min_free_bytes() -> int:
@@ -63,20 +123,27 @@ def study_callbacks(
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
 
-    def summarize(trial: Any, failed: bool) -> None:
-        """Record the ended trial in the Optuna storage, then refresh the parent run."""
+    def refresh(batch: list[Ended]) -> None:
+        """Record the ended trials in the Optuna storage, then refresh the parent run."""
         warning = refresh_summary(
             study,
             payload.tracking_uri,
             payload.experiment_id,
             payload.parent_run_id,
             optuna_storage,
-            ended=[(trial.trial_id, dict(trial.config), trial.last_result, failed)],
+            ended=batch,
         )
         if warning:
             print(warning, flush=True)
         ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
-        mark_feasibility(study.search.constraints, *ids)  # relative bounds moved
+        try:
+            mark_feasibility(study.search.constraints, *ids)  # relative bounds moved
+        except Exception as exc:  # a store briefly unavailable: the next refresh redoes it
+            print(f"[calibtune] warning: feasibility tags not updated ({exc!r:.200})", flush=True)
+
+    def summarize(trial: Any, failed: bool) -> None:
+        worker = _WORKERS.setdefault(payload.parent_run_id, SummaryWorker(refresh))
+        worker.submit((trial.trial_id, dict(trial.config), trial.last_result, failed))
 
     objective = study.search.objectives[0]
 
@@ -149,7 +216,7 @@ def _storage_guard(storage: Path) -> Any:
             self.last = now
             free, need = shutil.disk_usage(storage).free, min_free_bytes()
             if free < need:
-                self.message = (
+                _GUARD[str(storage)] = self.message = (
                     f"storage {storage}: expected at least {need / 1024**2:.0f} MiB free, found "
                     f"{free / 1024**2:.1f} MiB; the study stopped with its state saved: free "
                     f"space, then `calibtune resume {storage}`"

@@ -26,7 +26,7 @@ from typing import Any
 
 from calibtune.study._config import StudyConfig, load_study
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
-from calibtune.study._progress import study_callbacks
+from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
 from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
@@ -158,7 +158,7 @@ def run_study(
         check_cluster(study)
         payload = _open_parent(study, sd, tracking_uri)
         callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
-        return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload, callbacks)
+        return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)
 
 
 def resume_study(
@@ -181,7 +181,6 @@ def resume_study(
         init_ray(address, verbose=verbose > 0)
         check_cluster(study)
         payload = _open_parent(study, sd, None)
-        callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
         try:
             tuner = tune.Tuner.restore(
                 str(sd.path),
@@ -195,7 +194,7 @@ def resume_study(
                 f"{sd.path}: expected a Ray Tune state this Ray can restore, got "
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             ) from None
-        return _fit(tuner, study, sd, payload, callbacks)
+        return _fit(tuner, study, sd, payload)
 
 
 @contextlib.contextmanager
@@ -228,9 +227,7 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
 
 
-def _fit(
-    tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: list
-) -> StudyOutcome:
+def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
     t0 = time.time()
     with _graceful_signals() as caught:
         try:
@@ -238,8 +235,8 @@ def _fit(
         except BaseException:
             finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
             raise
-    guard = next((c.message for c in callbacks if hasattr(c, "message")), None)
-    stopped_by = caught.get("signal") or guard
+    drain_summaries()  # the per-trial refreshes, before the last one
+    stopped_by = caught.get("signal") or guard_message(sd.path)
     counts = _counts(payload, study)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
     log_metrics(

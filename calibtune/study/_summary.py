@@ -138,13 +138,10 @@ def _log_best(client: Any, ref: StudyRef, df: Any) -> None:
 def _figures(
     study: StudyConfig, ref: StudyRef, df: Any, optuna_study: Any | None, out: Path
 ) -> list[str]:
-    import matplotlib.pyplot as plt
-
     from calibtune.plots import _study as P
 
     def save(fig: Any, name: str) -> None:
         fig.savefig(out / name, dpi=100)
-        plt.close(fig)
 
     notes: list[str] = []
     df = df[df["status"] != "running"].sort_values("start_time", kind="stable")
