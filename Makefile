@@ -30,12 +30,24 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The full suite, slow tests included (CI runs exactly this).
+# The full suite, slow tests included (CI runs exactly this): two pytest-xdist workers
+# (`--dist loadgroup`: the tests of the in-process Ray and each cluster module keep to one worker,
+# see tests/conftest.py), then the few `serial` tests (wall-clock bounds) alone. Both parts run
+# even if the first fails; the exit status is non-zero if either did.
+PYTEST := $(BIN)/python -m pytest -q --durations=25
+XDIST := -n 2 --dist loadgroup
+
 test: lint
-	$(BIN)/python -m pytest -q --timeout=900 --durations=25
+	rc=0; \
+	$(PYTEST) --timeout=900 $(XDIST) -m "not serial" || rc=$$?; \
+	$(PYTEST) --timeout=900 -m serial || rc=$$?; \
+	exit $$rc
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
+	rc=0; \
+	$(PYTEST) --timeout=600 $(XDIST) -m "not slow and not serial" || rc=$$?; \
+	$(PYTEST) --timeout=600 -m "serial and not slow" || rc=$$?; \
+	exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py
