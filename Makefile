@@ -30,12 +30,12 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The full suite, slow tests included (CI runs exactly this): two pytest-xdist workers
-# (`--dist loadgroup`: the tests of the in-process Ray and each cluster module keep to one worker,
-# see tests/conftest.py), then the few `serial` tests (wall-clock bounds) alone. Both parts run
-# even if the first fails; the exit status is non-zero if either did.
+# The full suite, slow tests included (CI runs exactly this): two pytest-xdist workers sharing
+# out the work units of tests/conftest.py (the in-process Ray's users on one worker, the cluster
+# tests one after the other), then the few `serial` tests (wall-clock bounds) alone. Both parts
+# run even if the first fails; the exit status is non-zero if either did.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: lint
 	rc=0; \

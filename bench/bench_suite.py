@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTEST = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--durations=25"]
-XDIST = ["-n", "2", "--dist", "loadgroup"]
+XDIST = ["-n", "2", "--dist", "loadgroup", "--no-loadscope-reorder"]
 AFTER = [
     [*PYTEST, "--timeout=900", *XDIST, "-m", "not serial"],
     [*PYTEST, "--timeout=900", "-m", "serial"],

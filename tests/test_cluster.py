@@ -15,8 +15,7 @@ import yaml
 from _cluster import start_cluster
 from mlflow.tracking import MlflowClient
 
-# one worker for both cluster modules (`make test`'s xdist): never two multi-node clusters at once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -25,8 +25,7 @@ import yaml
 from _cluster import Cluster, start_cluster
 from mlflow.tracking import MlflowClient
 
-# one worker for both cluster modules (`make test`'s xdist): never two multi-node clusters at once
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("cluster")]
+pytestmark = [pytest.mark.slow]
 EXPERIMENT = "calibtune-ddp-cluster"
 # a killed node is declared dead after ~3 failed 0.5 s health checks instead of ~15 s
 FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}

@@ -21,12 +21,7 @@ import yaml
 
 from calibtune.study._ui import free_port, stop_ui
 
-# one xdist worker for the module: its PostgreSQL store and `mlflow server` start once
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.timeout(600),
-    pytest.mark.xdist_group("tracking_server"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]
 PG_URL = os.environ.get("CALIBTUNE_TEST_PG_URL")
 BIN = Path(sys.executable).parent
