@@ -33,7 +33,8 @@ format: $(STAMP)
 # The full suite, slow tests included (CI runs exactly this): two pytest-xdist workers sharing
 # out the work units of tests/conftest.py (the in-process Ray's users on one worker, the cluster
 # tests one after the other), then the few `serial` tests (wall-clock bounds) alone. Both parts
-# run even if the first fails; the exit status is non-zero if either did.
+# run even if the first fails; the exit status is non-zero if either did. `make test XDIST=` runs
+# it all in one process, as before.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
