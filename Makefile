@@ -30,12 +30,25 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The full suite, slow tests included (CI runs exactly this).
+# The full suite, slow tests included (CI runs exactly this): the fast tests on two
+# pytest-xdist workers sharing out the work units of tests/conftest.py, then the slow ones (real
+# Ray clusters, killed drivers, browsers: they time the box themselves) and the few `serial`
+# tests (wall-clock bounds) in one process. Both parts run even if the first fails; the exit
+# status is non-zero if either did. `make test XDIST=` runs it all in one process.
+PYTEST := $(BIN)/python -m pytest -q --durations=25
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: lint
-	$(BIN)/python -m pytest -q --timeout=900 --durations=25
+	rc=0; \
+	$(PYTEST) --timeout=900 $(XDIST) -m "not slow and not serial" || rc=$$?; \
+	$(PYTEST) --timeout=900 -m "slow or serial" || rc=$$?; \
+	exit $$rc
 
 test-fast: lint
-	$(BIN)/python -m pytest -q -m "not slow" --timeout=600
+	rc=0; \
+	$(PYTEST) --timeout=600 $(XDIST) -m "not slow and not serial" || rc=$$?; \
+	$(PYTEST) --timeout=600 -m "serial and not slow" || rc=$$?; \
+	exit $$rc
 
 bench: $(STAMP)
 	$(BIN)/python bench/run_all.py

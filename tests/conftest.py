@@ -1,4 +1,5 @@
-"""Shared, general fixtures: one small Ray instance per test session (only if a test asks)."""
+"""Shared, general fixtures: one small Ray instance per test session (only if a test asks), and
+how `make test` shares the suite out to two pytest-xdist workers (`-n 2 --dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,67 @@ import pytest
 
 # Ray Train polls its workers every 1 s by default; 0.2 s cuts ~10 s off each worker start-up.
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
+
+# xdist work units: a test file is one unit (its module fixtures run once), except files that
+# share a unit here, and SPREAD files, whose independent slow tests are a unit each. The table is
+# keyed by file because the scheduler sees node ids only (xdist's own `xdist_group` marks are lost
+# on pytest >= 9.2: pytest-xdist#1386).
+GROUPS = {
+    # the `ray_session` users: one in-process Ray for all of them, on one worker
+    **dict.fromkeys(
+        [
+            "tests/test_constraints.py",
+            "tests/test_paired_report.py",
+            "tests/test_placement.py",
+            "tests/test_results_studies.py",
+            "tests/test_study_e2e.py",
+            "tests/test_trial_workers.py",
+            "tests/test_ui_browser.py",
+        ],
+        "ray_session",
+    ),
+    # never two multi-node Ray clusters at once
+    "tests/test_cluster.py": "cluster",
+    "tests/test_cluster_ddp.py": "cluster",
+}
+SPREAD = {"tests/test_faults.py", "tests/test_terminal.py"}
+# Wall-clock bounds a busy second worker could break: `make test` runs these alone, after the
+# two-worker part (`-m serial`).
+SERIAL = {
+    "tests/test_bad_input_config.py::test_alias_bomb_is_refused_fast",
+    "tests/test_data.py::test_digits_loads_fast_without_files",
+    "tests/test_losses_adafocal.py::test_update_cost_is_vectorised",
+}
+
+
+def _unit(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    return nodeid if path in SPREAD else GROUPS.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of xdist's: no error where xdist is absent
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadgroup` with the units above, in collection order (`--no-loadscope-reorder`)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _unit(nodeid)
+
+    return Units(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the SERIAL tests; refuse a `ray_session` user outside the `ray_session` unit (under
+    xdist it would start a second Ray on the other worker)."""
+    for item in items:
+        path = item.nodeid.split("::")[0]
+        if "ray_session" in getattr(item, "fixturenames", ()) and GROUPS.get(path) != "ray_session":
+            raise pytest.UsageError(f"{item.nodeid} uses ray_session: add {path} to GROUPS")
+        if item.nodeid in SERIAL:
+            item.add_marker(pytest.mark.serial)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -88,13 +88,31 @@ def _wait(cond, proc: subprocess.Popen | None, what: str, timeout: float = 300) 
     while not cond():
         assert proc is None or proc.poll() is None, f"process ended before {what}"
         assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
+        time.sleep(0.1)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies aside: PID 1 here may never
+    reap the orphans); fields after the command name in /proc/PID/stat: state, ppid, pgrp."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):  # the process ended meanwhile
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+def _group_gone(proc: subprocess.Popen) -> None:
+    """Wait until the driver's whole process group (it and its local Ray) has ended."""
+    proc.wait(timeout=60)
+    _wait(lambda: not _group_alive(proc.pid), None, "the driver's process group to end", 60)
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the local Ray it started
-    proc.wait(timeout=60)
-    time.sleep(2)
+    _group_gone(proc)
 
 
 def _cli(tmp: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess:
@@ -217,7 +235,7 @@ def test_second_driver_refused_sigterm_stops_cleanly_and_resume_finishes(tmp_pat
 
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=180) == 143, (tmp_path / "first.log").read_text()[-3000:]
-    time.sleep(2)
+    _group_gone(first)
     res = _cli(tmp_path, "resume", "twodrivers", "--storage", str(tmp_path / "studies"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", "twodrivers", 1, 4)
