@@ -63,3 +63,20 @@ def test_a_failing_refresh_is_reported_and_drain_still_returns(capsys) -> None:
     assert calls == [1, 1]
     out = capsys.readouterr().out
     assert out.count("parent-run summary not updated") == 2 and "store unavailable" in out
+
+
+def test_the_callbacks_pickle_while_a_worker_exists(tmp_path) -> None:
+    """Tune pickles a study's callbacks (tuner.pkl) — also for a later study in the same driver
+    process, when an earlier study's summary worker (with its lock) exists."""
+    import cloudpickle
+
+    from calibtune.study._config import load_study
+    from calibtune.study._progress import _worker, study_callbacks
+    from calibtune.study._trainable import StudyPayload
+
+    _worker("an-earlier-parent-run", lambda batch: None).submit(_ended(0))
+    study = load_study("studies/quickstart.yaml")
+    payload = StudyPayload(study, "sqlite:///x.db", "1", "parent", str(tmp_path))
+    callbacks = study_callbacks(study, payload, tmp_path)
+    restored = cloudpickle.loads(cloudpickle.dumps(callbacks))
+    assert [type(c).__name__ for c in restored] == [type(c).__name__ for c in callbacks]

@@ -73,11 +73,22 @@ _WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (
 _GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
 
 
+def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> SummaryWorker:
+    # A function, not the dict itself, in the callbacks' closures: Tune pickles its callbacks,
+    # and cloudpickle would copy a referenced module dict (with its workers' locks) by value.
+    return _WORKERS.setdefault(parent_run_id, SummaryWorker(refresh))
+
+
 def drain_summaries() -> None:
     """Wait for every study's summary refreshes in this process (a resumed study's callbacks
     may still name the parent run its first session had)."""
     for worker in list(_WORKERS.values()):
         worker.drain()
+
+
+def _record_guard(storage: Path, message: str) -> str:
+    _GUARD[str(storage)] = message  # (a function in the closure: see `_worker`)
+    return message
 
 
 def guard_message(storage: Path) -> str | None:
@@ -142,8 +153,9 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             print(f"[calibtune] warning: feasibility tags not updated ({exc!r:.200})", flush=True)
 
     def summarize(trial: Any, failed: bool) -> None:
-        worker = _WORKERS.setdefault(payload.parent_run_id, SummaryWorker(refresh))
-        worker.submit((trial.trial_id, dict(trial.config), trial.last_result, failed))
+        _worker(payload.parent_run_id, refresh).submit(
+            (trial.trial_id, dict(trial.config), trial.last_result, failed)
+        )
 
     objective = study.search.objectives[0]
 
@@ -216,10 +228,11 @@ def _storage_guard(storage: Path) -> Any:
             self.last = now
             free, need = shutil.disk_usage(storage).free, min_free_bytes()
             if free < need:
-                _GUARD[str(storage)] = self.message = (
+                self.message = _record_guard(
+                    storage,
                     f"storage {storage}: expected at least {need / 1024**2:.0f} MiB free, found "
                     f"{free / 1024**2:.1f} MiB; the study stopped with its state saved: free "
-                    f"space, then `calibtune resume {storage}`"
+                    f"space, then `calibtune resume {storage}`",
                 )
                 os.kill(os.getpid(), signal.SIGUSR1)  # Tune's graceful stop (state saved)
 
