@@ -80,3 +80,20 @@ def test_the_callbacks_pickle_while_a_worker_exists(tmp_path) -> None:
     callbacks = study_callbacks(study, payload, tmp_path)
     restored = cloudpickle.loads(cloudpickle.dumps(callbacks))
     assert [type(c).__name__ for c in restored] == [type(c).__name__ for c in callbacks]
+
+
+def test_a_later_study_in_the_process_starts_clean(tmp_path) -> None:
+    """`run_study` reads these after `Tuner.fit`: the guard's stop message once, and the drained
+    workers are forgotten, so a resume of the same parent run in this process gets its own."""
+    from calibtune.study._progress import _record_guard, _worker, drain_summaries, guard_message
+
+    _record_guard(tmp_path, "storage full")
+    assert guard_message(tmp_path) == "storage full"
+    assert guard_message(tmp_path) is None
+    first: list[str] = []
+    second: list[str] = []
+    _worker("parent", lambda batch: first.extend(b[0] for b in batch)).submit(_ended(0))
+    drain_summaries()
+    _worker("parent", lambda batch: second.extend(b[0] for b in batch)).submit(_ended(1))
+    drain_summaries()
+    assert (first, second) == (["t0"], ["t1"])

@@ -81,9 +81,10 @@ def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> Summa
 
 def drain_summaries() -> None:
     """Wait for every study's summary refreshes in this process (a resumed study's callbacks
-    may still name the parent run its first session had)."""
-    for worker in list(_WORKERS.values()):
-        worker.drain()
+    may still name the parent run its first session had), then forget the workers: a later
+    study in this process (a `resume` of the same parent run) gets its own."""
+    while _WORKERS:
+        _WORKERS.popitem()[1].drain()
 
 
 def _record_guard(storage: Path, message: str) -> str:
@@ -92,8 +93,9 @@ def _record_guard(storage: Path, message: str) -> str:
 
 
 def guard_message(storage: Path) -> str | None:
-    """Why the storage guard stopped the study in ``storage`` in this process, if it did."""
-    return _GUARD.get(str(storage))
+    """Why the storage guard stopped the study in ``storage`` in this process, if it did; read
+    once (a later run of the same study in this process starts without it)."""
+    return _GUARD.pop(str(storage), None)
 
 
 def min_free_bytes() -> int:

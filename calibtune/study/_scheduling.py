@@ -27,18 +27,17 @@ __all__ = ["DurableASHAScheduler", "DurableFIFOScheduler", "DurableStarts", "mak
 class DurableStarts:
     """Mixin for a Tune ``TrialScheduler``: `choose_trial_to_run` first saves Tune's experiment
     state (``checkpoint(force=True, wait=True)``) whenever the controller holds a trial no save
-    has seen yet."""
+    has seen yet (Tune only appends to its trial list, so its length says so)."""
 
-    _saved: set[str]
+    _saved_trials = 0  # trials in the controller at the last forced save (0 after a restore)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
-        trials = tune_controller.get_trials()
-        saved = self.__dict__.setdefault("_saved", set())
-        if any(t.trial_id not in saved for t in trials):
+        known = len(tune_controller.get_trials())
+        if known > self._saved_trials:
             # The scheduler only gets a facade of the controller; saving is not on its list.
             controller = getattr(tune_controller, "_tune_controller", tune_controller)
             controller.checkpoint(force=True, wait=True)
-            saved.update(t.trial_id for t in trials)
+            self._saved_trials = known
         return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
 
 
