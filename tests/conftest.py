@@ -43,6 +43,18 @@ SERIAL = {
 }
 
 
+# The longest units first (durations of a serial CI run: the `ray_session` unit ~7 min, the
+# cluster unit ~5.5 min, each fault test ~1 min), so that the two workers end together.
+FIRST = [
+    "ray_session",
+    "cluster",
+    "tests/test_faults.py",
+    "tests/test_tracking_server.py",
+    "tests/test_load_smoke.py",
+    "tests/test_terminal.py",
+]
+
+
 def _unit(nodeid: str) -> str:
     path = nodeid.split("::")[0]
     return nodeid if path in SPREAD else GROUPS.get(path, path)
@@ -62,9 +74,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return Units(config, log)
 
 
+def _rank(item: pytest.Item) -> int:
+    path = item.nodeid.split("::")[0]
+    key = GROUPS.get(path, path)
+    return FIRST.index(key) if key in FIRST else len(FIRST)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the SERIAL tests; refuse a `ray_session` user outside the `ray_session` unit (under
-    xdist it would start a second Ray on the other worker)."""
+    """Put the longest units first (a stable sort: each file's tests stay together, so module
+    fixtures run once); mark the SERIAL tests; refuse a `ray_session` user outside the
+    `ray_session` unit (under xdist it would start a second Ray on the other worker)."""
+    items.sort(key=_rank)
     for item in items:
         path = item.nodeid.split("::")[0]
         if "ray_session" in getattr(item, "fixturenames", ()) and GROUPS.get(path) != "ray_session":
