@@ -13,10 +13,10 @@ import yaml
 from calibtune.metrics.keys import from_mlflow
 from calibtune.study import load_study
 from calibtune.study._config import SAMPLERS
-from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
+from calibtune.study._optuna import FLAT_SAMPLERS, conditional_grid, define_by_run, make_sampler
 from calibtune.study._results import pareto_mask
 from calibtune.study._tracking import mlflow_metric_name, resolve_tracking_uri
-from calibtune.study._trainable import aggregate
+from calibtune.study._trainable import aggregate, hyperparameters, trial_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,6 +40,18 @@ def _inside(value, dist) -> bool:
     if isinstance(dist, optuna.distributions.CategoricalDistribution):
         return value in dist.choices
     return dist.low <= value <= dist.high
+
+
+def _unflat(params: dict) -> dict:
+    """Optuna's ``a/b`` names nested as Ray's OptunaSearch hands them to the trainable."""
+    out: dict = {}
+    for name, value in params.items():
+        *path, leaf = name.split("/")
+        node = out
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
 
 
 @pytest.mark.parametrize("sampler", SAMPLERS)
@@ -80,10 +92,22 @@ def test_every_sampler_drives_the_conditional_space(tmp_path, sampler):
         space(t)
         seen.append(t.params)
         label = t.params["loss"]
-        # exactly the sampled loss's parameters, each inside its declared distribution
-        dists = {f"{label}/{n}": d for n, d in study.loss(label).loss.space.dists.items()}
+        # exactly the sampled loss's parameters (every loss's for CMA-ES and GP, whose models
+        # need a fixed space), each inside its declared distribution
+        suggested = [c.label for c in study.losses] if sampler in FLAT_SAMPLERS else [label]
+        dists = {
+            f"{s}/{n}": d for s in suggested for n, d in study.loss(s).loss.space.dists.items()
+        }
         assert set(t.params) == {"loss", *dists}, t.params
         assert all(_inside(t.params[k], d) for k, d in dists.items()), t.params
+        # the trial (and its MLflow run) takes its own loss's parameters only
+        own = {k: v for k, v in t.params.items() if k == "loss" or k.startswith(f"{label}/")}
+        hp = hyperparameters(study, _unflat(t.params))
+        assert hp == hyperparameters(study, _unflat(own)), (hp, t.params)
+        assert trial_dict(study, _unflat(t.params), 1, "t") == trial_dict(
+            study, _unflat(own), 1, "t"
+        )
+        assert all(hp[f"loss.{k[len(label) + 1 :]}"] == v for k, v in own.items() if k != "loss")
         ostudy.tell(t, float(i % 3))
     if sampler == "grid":
         assert seen == conditional_grid(study)
@@ -178,13 +202,6 @@ def test_tpe_learns_the_loss_and_its_parameters_in_a_conditional_space(tmp_path)
     assert share < 0.7 and late > 0.3, (share, late)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: with several losses the per-loss parameters are conditional, so CmaEsSampler "
-    "and GPSampler model only the intersection of the trials' parameters (the categorical "
-    "`loss`; CMA-ES not even that) and sample every loss parameter at random; make_sampler "
-    "hides Optuna's warning (CmaEsSampler(warn_independent_sampling=False))",
-)
 @pytest.mark.parametrize(("sampler", "n_trials"), [("cmaes", 50), ("gp", 20)])
 def test_cmaes_and_gp_learn_loss_parameters_in_a_conditional_space(tmp_path, sampler, n_trials):
     share, late = _conditional(tmp_path, sampler, n_trials, 10)

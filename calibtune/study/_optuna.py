@@ -1,8 +1,15 @@
 """The Optuna side of a study: the define-by-run space, the conditional grid, the sampler.
 
-The space is define-by-run: the loss label is sampled first, then only that loss's
-hyperparameters (named ``<label>/<param>``), then any searched trial-config keys
-(``trial/<key.path>``), so trials never carry another loss's parameters.
+The space is define-by-run: the loss label is sampled first, then that loss's hyperparameters
+(named ``<label>/<param>``), then any searched trial-config keys (``trial/<key.path>``). For
+TPE, random, grid and NSGA-II only the sampled loss's parameters are suggested, so those Optuna
+trials never carry another loss's parameters. CMA-ES and GP model only the parameters that every
+past trial shares (Optuna's "intersection search space"): in a conditional space that is the
+loss label alone, and every loss parameter would be sampled at random. For them every loss's
+parameters are suggested on every trial (`FLAT_SAMPLERS`): the space is fixed, their model
+covers it, and the trial uses only its own loss's (`trial_dict`, `hyperparameters`: the MLflow
+run carries only those). CMA-ES leaves categorical parameters (the loss label) to its
+independent sampler, here TPE rather than Optuna's default random sampler.
 """
 
 from __future__ import annotations
@@ -28,6 +35,10 @@ from calibtune.study._constraints import Constraint, baseline_values, violations
 __all__ = ["DefineByRun", "conditional_grid", "define_by_run", "make_sampler"]
 
 
+#: samplers whose model covers only the parameters every trial has: suggest every loss's
+FLAT_SAMPLERS = ("cmaes", "gp")
+
+
 def _suggest(trial: Any, name: str, dist: BaseDistribution) -> Any:
     if isinstance(dist, CategoricalDistribution):
         return trial.suggest_categorical(name, list(dist.choices))
@@ -39,20 +50,24 @@ def _suggest(trial: Any, name: str, dist: BaseDistribution) -> Any:
 
 
 class DefineByRun:
-    """The Optuna define-by-run space: loss first, then only that loss's parameters.
+    """The Optuna define-by-run space: loss first, then its parameters (every loss's for the
+    `FLAT_SAMPLERS`), then the searched trial keys.
 
     A picklable callable (OptunaSearch pickles itself into the study's Tune state for restore).
     """
 
     def __init__(self, study: StudyConfig) -> None:
+        self.flat = study.search.sampler in FLAT_SAMPLERS
         self.labels = [c.label for c in study.losses]
         self.loss_dists = {c.label: sorted(c.loss.space.dists.items()) for c in study.losses}
         self.trial_dists = sorted(study.space.dists.items())
 
     def __call__(self, trial: Any) -> dict[str, Any] | None:
         label = trial.suggest_categorical("loss", self.labels)
-        for name, dist in self.loss_dists[label]:
-            _suggest(trial, f"{label}/{name}", dist)
+        # a space pickled before `flat` existed is conditional
+        for suggested in self.labels if getattr(self, "flat", False) else [label]:
+            for name, dist in self.loss_dists[suggested]:
+                _suggest(trial, f"{suggested}/{name}", dist)
         for key, dist in self.trial_dists:
             _suggest(trial, f"trial/{key}", dist)
         return None
@@ -93,8 +108,11 @@ def _sampler(study: StudyConfig) -> Any:
         return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True)
     if s.sampler in ("random", "grid"):  # grid: the points themselves are enqueued
         return optuna.samplers.RandomSampler(seed=seed)
-    if s.sampler == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    if s.sampler == "cmaes":  # the loss label is categorical: CMA-ES hands it to TPE
+        independent = optuna.samplers.TPESampler(seed=seed)
+        return optuna.samplers.CmaEsSampler(
+            seed=seed, warn_independent_sampling=False, independent_sampler=independent
+        )
     if s.sampler == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     if s.sampler == "gp":
