@@ -10,11 +10,15 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torchvision.transforms import v2
+
+# torchvision is imported in `train_transform` only: importing it loads torch._dynamo, which a
+# study's driver and the CLI never need otherwise (see calibtune/models/_resnet.py).
+if TYPE_CHECKING:
+    from torchvision.transforms import v2
 
 from ._common import (
     BatchAugment,
@@ -184,6 +188,8 @@ def train_transform(size: int, padding: int) -> v2.Compose:
     """The seeds' training augmentation on uint8 CHW tensors: random crop ``size`` after
     zero-padding by ``padding``, then a horizontal flip with probability 1/2 (torchvision's
     ``RandomCrop`` draws the offsets uniformly from ``[0, 2·padding]``, as `BatchAugment`)."""
+    from torchvision.transforms import v2
+
     return v2.Compose([v2.RandomCrop(size, padding=padding), v2.RandomHorizontalFlip()])
 
 
