@@ -1,6 +1,6 @@
 """Ray Train worker mode vs local mode: fixed cost per trial and per-epoch reporting overhead.
 
-`python bench/bench_raytrain.py [--quick] [--epochs 1,100,300] [--ray-defaults]`
+`python bench/bench_raytrain.py [--quick] [--epochs 1,100,300] [--ray-defaults] [--timeline]`
 
 Runs the same digits / `mlp` cross-entropy trial (no OOD sets, no post-hoc, no figures: the
 evaluation content does not differ between the modes) through `calibtune.trial.run` in this
@@ -19,7 +19,10 @@ process, Ray started once (its start-up is reported on its own), alternating loc
 (calibtune/_raysettings.py) for comparison. ``--polls 0.05,0.02`` alternates the controller's
 poll interval (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``, read by each new Train controller) within
 the run, and reports the CPU the Train controller process used per second of its life (from
-``/proc``: what the polling costs). Prints a markdown table for bench/README.md.
+``/proc``: what the polling costs). ``--timeline`` shows where a 1-epoch worker-mode trial's
+time goes (`_timeline`): when each process the local raylet starts for it began, registered and
+took each Ray task title, rank 0's marks, when the controller took the first report, and the
+CPU seconds of each process. Prints markdown tables for bench/README.md.
 """
 
 from __future__ import annotations
@@ -57,6 +60,19 @@ class EpochClock:
     def _mark(self, what: str) -> None:
         with open(self.path, "a") as f:
             f.write(f"{what} {time.time()}\n")
+
+
+def _report_clock(path: str) -> Any:
+    """A ``ray.train.UserCallback`` (it runs in the Train controller) that marks ``report`` in
+    ``path`` each time the controller has taken the workers' reports."""
+    import ray.train
+
+    class ReportClock(ray.train.UserCallback):
+        def after_report(self, run_context: Any, metrics: Any, checkpoint: Any) -> None:
+            with open(path, "a") as f:
+                f.write(f"report {time.time()}\n")
+
+    return ReportClock()
 
 
 def _cfg(storage: str, name: str, workers: int, epochs: int) -> Any:
@@ -149,7 +165,8 @@ _MILESTONES = (
     ("torch back end set up on the worker (`import torch`)", "ray::execute."),
     ("train function launched", "ray::RayTrainWorker.run_train_fn"),
     ("rank 0 built (calibtune imports, data, model)", "mark start"),
-    ("epoch 1 reported", "mark epoch"),
+    ("epoch 1 logged on rank 0, about to report", "mark epoch"),
+    ("controller took the report (`UserCallback.after_report`)", "mark report"),
     ("rank 0 finalised", "mark end"),
 )
 
@@ -199,14 +216,18 @@ def _timeline(storage: str, reps: int) -> None:
         watch = ProcWatch(_raylet_pid())
         cpu0 = time.process_time()
         clock = os.path.join(storage, f"tw{rep}.clock")
-        run(_cfg(storage, f"tw{rep}", 1, 1), callbacks=[EpochClock(clock)])
+        cfg = _cfg(storage, f"tw{rep}", 1, 1)
+        run(cfg, callbacks=[EpochClock(clock)], train_callbacks=[_report_clock(clock)])
         wall = time.time() - watch.t0
         driver_cpu = time.process_time() - cpu0
         procs = watch.stop()
         for r in procs:
             r["start"] -= watch.t0
             r["titles"] = {t: at - watch.t0 for t, at in r["titles"].items()}
-        marks = dict(line.split() for line in Path(clock).read_text().splitlines())
+        marks: dict[str, str] = {}
+        for line in Path(clock).read_text().splitlines():  # the first of each mark
+            what, at = line.split()
+            marks.setdefault(what, at)
         at = _milestones(procs, {k: float(v) - watch.t0 for k, v in marks.items()})
         col = {
             label: min((v for k, v in at.items() if k.startswith(key)), default=None)
