@@ -20,6 +20,31 @@ passes them in the job's ``runtime_env``. A value the user set is always respect
   ``scaling.max_failures`` and ``resume`` instead). Set it to 1 on autoscaling spot clusters.
 - ``RAY_TRAIN_METRICS_ENABLED=0``: Train's Prometheus metrics (controller and worker callbacks);
   calibtune records its own metrics in MLflow, and no Ray dashboard runs by default.
+
+What a worker-mode trial's start-up costs, and why no further setting helps (Ray 2.60; measured
+with ``bench/bench_raytrain.py --timeline``, bench/README.md): ``TorchTrainer.fit`` starts five
+fresh Python processes — the Train controller, then (from the controller) a placement-group
+cleaner, a synchronisation actor, the worker and a dataset manager (created even when the trial
+passes no Ray Datasets) — each importing Ray and Ray Train (pandas, pyarrow, Ray Data), the
+worker also torch and calibtune: 16–21 CPU seconds per trial on the 2-core box (at load 9–20),
+while the tail from the last report to ``fit()`` returning takes 0.12–0.16 s. Checked and left
+alone:
+
+- Ray's prestarted worker pool cannot serve them. The controller always gets a ``runtime_env``
+  with ``env_vars`` (Ray adds ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC`` even when nothing is
+  propagated), its actors inherit it, and the raylet hands a prestarted or idle process only to
+  a task whose ``runtime_env`` is the one the process was started with (empty, for the pool).
+  Measured: an actor with an empty ``runtime_env`` came from the pool in 0.26 s; one with a
+  single env var got a fresh process (1.1–2.2 s), even with an idle process of that env beside
+  it. So setting these variables on the cluster instead of in the driver, or more prestarted
+  workers (``num_prestart_python_workers``, ``prestart_worker_first_driver``), changes nothing.
+- A ``worker_process_setup_hook`` that imports torch early would run in every process of the
+  job (the controller and its helper actors too): more CPU for the same wait. Not used.
+- Ray 2.60 has no setting that removes the cleaner, the synchronisation actor or the dataset
+  manager; the preemption watcher (above) is the one optional actor.
+- The raylet starts at most as many worker processes at once as the node has CPUs (its
+  ``maximum_startup_concurrency``, computed from the CPU count, no setting): on 2 cores the
+  Train worker waits for the cleaner or the synchronisation actor to register first.
 """
 
 from __future__ import annotations
