@@ -33,13 +33,17 @@ alone:
 - Ray's prestarted worker pool cannot serve them. The controller always gets a ``runtime_env``
   with ``env_vars`` (Ray adds ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC`` even when nothing is
   propagated), its actors inherit it, and the raylet hands a prestarted or idle process only to
-  a task whose ``runtime_env`` is the one the process was started with (empty, for the pool).
+  a task or actor whose ``runtime_env`` is the one the process started with (empty, for the
+  pool).
   Measured: an actor with an empty ``runtime_env`` came from the pool in 0.26 s; one with a
-  single env var got a fresh process (1.1–2.2 s), even with an idle process of that env beside
-  it. So setting these variables on the cluster instead of in the driver, or more prestarted
-  workers (``num_prestart_python_workers``, ``prestart_worker_first_driver``), changes nothing.
-- A ``worker_process_setup_hook`` that imports torch early would run in every process of the
-  job (the controller and its helper actors too): more CPU for the same wait. Not used.
+  single env var got a fresh process (1.1–2.2 s), also right after a task with that same env
+  had run. So setting these variables on the cluster instead of in the driver, or more
+  prestarted workers (``num_prestart_python_workers``, ``prestart_worker_first_driver``),
+  changes nothing.
+- Importing torch earlier with a ``worker_process_setup_hook``: in the job's ``runtime_env`` it
+  would run in all five processes (more CPU); for the Train workers only
+  (``RunConfig.worker_runtime_env``) it moves the same import earlier in a process that is busy
+  importing from its start to its first epoch anyway. Not used (not measured).
 - Ray 2.60 has no setting that removes the cleaner, the synchronisation actor or the dataset
   manager; the preemption watcher (above) is the one optional actor.
 - The raylet starts at most as many worker processes at once as the node has CPUs (its
