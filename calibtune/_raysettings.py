@@ -20,6 +20,35 @@ passes them in the job's ``runtime_env``. A value the user set is always respect
   ``scaling.max_failures`` and ``resume`` instead). Set it to 1 on autoscaling spot clusters.
 - ``RAY_TRAIN_METRICS_ENABLED=0``: Train's Prometheus metrics (controller and worker callbacks);
   calibtune records its own metrics in MLflow, and no Ray dashboard runs by default.
+
+What a worker-mode trial's start-up costs, and why no further setting helps (Ray 2.60; measured
+with ``bench/bench_raytrain.py --timeline``, bench/README.md): ``TorchTrainer.fit`` starts five
+fresh Python processes — the Train controller, then (from the controller) a placement-group
+cleaner, a synchronisation actor, the worker and a dataset manager (created even when the trial
+passes no Ray Datasets) — each importing Ray and Ray Train (pandas, pyarrow, Ray Data), the
+worker also torch and calibtune: 16–21 CPU seconds per trial on the 2-core box (at load 9–20),
+while the tail from the last report to ``fit()`` returning takes 0.12–0.16 s. Checked and left
+alone:
+
+- Ray's prestarted worker pool cannot serve them. The controller always gets a ``runtime_env``
+  with ``env_vars`` (Ray adds ``RAY_WARN_BLOCKING_GET_INSIDE_ASYNC`` even when nothing is
+  propagated), its actors inherit it, and the raylet hands a prestarted or idle process only to
+  a task or actor whose ``runtime_env`` is the one the process started with (empty, for the
+  pool).
+  Measured: an actor with an empty ``runtime_env`` came from the pool in 0.26 s; one with a
+  single env var got a fresh process (1.1–2.2 s), also right after a task with that same env
+  had run. So setting these variables on the cluster instead of in the driver, or more
+  prestarted workers (``num_prestart_python_workers``, ``prestart_worker_first_driver``),
+  changes nothing.
+- Importing torch earlier with a ``worker_process_setup_hook``: in the job's ``runtime_env`` it
+  would run in all five processes (more CPU); for the Train workers only
+  (``RunConfig.worker_runtime_env``) it moves the same import earlier in a process that is busy
+  importing from its start to its first epoch anyway. Not used (not measured).
+- Ray 2.60 has no setting that removes the cleaner, the synchronisation actor or the dataset
+  manager; the preemption watcher (above) is the one optional actor.
+- The raylet starts at most as many worker processes at once as the node has CPUs (its
+  ``maximum_startup_concurrency``, computed from the CPU count, no setting): on 2 cores the
+  Train worker waits for the cleaner or the synchronisation actor to register first.
 """
 
 from __future__ import annotations
