@@ -20,6 +20,7 @@ float32 and the result and gradient are cast back (as in `calibtune.losses._kern
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 from collections.abc import Callable
@@ -53,64 +54,87 @@ class _Pool(threading.local):
 _POOL = _Pool()
 
 
+def _in_use(buf: torch.Tensor) -> bool:
+    """Whether anything but the pool refers to ``buf`` or its memory: a Python reference (a ctx
+    attribute, a caller's name), a C++ one (``save_for_backward``), or another tensor on its
+    storage (the detached alias a backward returned, kept as ``.grad`` or by a hook)."""
+    # getrefcount: the pool's reference, `_reused`'s ``buf``, this parameter and getrefcount's
+    # argument; the storage count: buf and the temporary storage object
+    return (
+        sys.getrefcount(buf) > 4
+        or buf._use_count() > 1
+        or torch._C._storage_Use_Count(buf.untyped_storage()._cdata) > 2
+    )
+
+
 def _reused(like: torch.Tensor, slot: str) -> torch.Tensor:
     """An uninitialised contiguous tensor shaped like ``like``, reused across calls on this thread
-    while nothing else refers to it. A fresh (B, K) buffer each training step costs page faults
-    (the allocator hands large freed blocks back to the OS), about as much as a pass over it.
+    while nothing else refers to it (`_in_use`). A fresh (B, K) buffer each training step costs
+    page faults (the allocator hands large freed blocks back to the OS), about as much as a pass.
 
-    Free means no Python reference but the pool's: a ctx that keeps it as an attribute until its
-    graph is freed, or a caller still using it, makes the next call take a fresh one (which then
-    replaces it in the pool). So such a buffer must never be returned, nor kept with
-    ``save_for_backward`` (references from C++ are not counted); one per slot, dtype and device.
+    A busy buffer makes the call take a fresh one (which then replaces it in the pool), so a ctx
+    may keep one as an attribute and a backward may return one as a detached alias (`_as_grad`);
+    one per slot, dtype and device.
     """
     key = (slot, like.dtype, like.device)
     buf = _POOL.bufs.get(key)
-    # the pool's reference, ``buf`` and getrefcount's argument
-    if buf is None or buf.shape != like.shape or sys.getrefcount(buf) > 3:
+    if buf is None or buf.shape != like.shape or _in_use(buf):
         buf = _POOL.bufs[key] = torch.empty(like.shape, dtype=like.dtype, device=like.device)
     return buf
+
+
+def _as_grad(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A backward's result from a pooled buffer: a detached alias (autograd may keep it as
+    ``.grad`` without a copy, and the pool sees it on the storage), cast to the logits' dtype."""
+    return buf.detach() if buf.dtype == dtype else buf.to(dtype)
 
 
 def _softmax_nll(
     z: torch.Tensor, targets: torch.Tensor, *, reuse: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """p = softmax(z), −log p_y, max_k z_k and max_k p_k (the last two as (B, 1) columns); p in
-    a `_reused` buffer if ``reuse`` (then keep it as a ctx attribute, never return it).
+    a `_reused` buffer if ``reuse``.
 
     One exp pass: −log p_y = max z − z_y − log max p, because max p = 1/Σ_k exp(z_k − max z)
     (in [1/K, 1], so the log is exact where log p_y itself would underflow).
     """
-    if reuse:  # ATen's softmax kernel itself, writing into the buffer: the same p
-        p = torch.ops.aten._softmax.out(z, 1, False, out=_reused(z, "p"))
-    else:
-        p = torch.softmax(z, dim=1)
+    p = _softmax(z, reuse)
     zmax = z.amax(dim=1, keepdim=True)
     pmax = p.amax(dim=1, keepdim=True)
     nlp = (zmax - z.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
     return p, nlp, zmax, pmax
 
 
-def _top_mask(p: torch.Tensor, pmax: torch.Tensor) -> torch.Tensor:
-    """floor(p / max p): 1 at the classes of a row that tie for max p, 0 elsewhere, in a
-    `_reused` buffer (use it before returning). p/max p is exactly 1 at a tie (in p, so logits
-    closer than p's rounding tie too) and below 1 elsewhere (float ops: bool masks are slow on
-    CPU). Where the gradient of a row maximum goes: ``mask / mask.sum(1)`` (shared among ties,
-    as ``torch.amax``'s); callers fold that division into the row coefficient they scale it by.
+def _softmax(z: torch.Tensor, reuse: bool) -> torch.Tensor:
+    if reuse:  # ATen's softmax kernel itself, writing into the buffer: the same p
+        return torch.ops.aten._softmax.out(z, 1, False, out=_reused(z, "p"))
+    return torch.softmax(z, dim=1)
+
+
+def _top_mask(p: torch.Tensor, pmax: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """1[p ≥ max p] into ``out`` (may be ``p``): 1 at the classes of a row that tie for max p, 0
+    elsewhere. A tie is in p, so logits closer than p's rounding tie too (the same classes as
+    floor(p / max p), which is 1 only at p = max p). Where the gradient of a row maximum goes:
+    ``mask / mask.sum(1)`` (shared among ties, as ``torch.amax``'s); callers fold that division
+    into the row coefficient they scale it by.
     """
-    return torch.div(p, pmax, out=_reused(p, "top")).floor_()
+    return torch.ge(p, pmax, out=out)
 
 
-def _spare(ctx: Any, rebuild: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """The (B, K) buffer forward left in ``ctx.spare`` for the first backward to overwrite; a
-    second backward (``retain_graph``) must not overwrite what the first returned, so it gets
-    ``rebuild()``, a fresh copy."""
-    buf, ctx.spare = ctx.spare, None
+def _take(ctx: Any, name: str, rebuild: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The (B, K) buffer forward left in ``ctx.<name>`` for the first backward to consume (and
+    overwrite); dropping it frees the pool's buffer for the next step even while the caller keeps
+    the graph. A second backward (``retain_graph``) gets ``rebuild()``, a fresh copy."""
+    buf = getattr(ctx, name)
+    setattr(ctx, name, None)
     return rebuild() if buf is None else buf
 
 
-def _over_margin(z: torch.Tensor, zmax: torch.Tensor, margin: float) -> torch.Tensor:
-    """relu(max_j z_ij − z_ik − m), a new (B, K) tensor."""
-    return torch.sub(zmax - margin, z).clamp_min_(0.0)
+def _over_margin(
+    z: torch.Tensor, zmax: torch.Tensor, margin: float, out: torch.Tensor
+) -> torch.Tensor:
+    """relu(max_j z_ij − z_ik − m) into ``out``."""
+    return torch.sub(zmax - margin, z, out=out).clamp_min_(0.0)
 
 
 def _upstream(
@@ -130,40 +154,63 @@ def _minus_onehot(grad: torch.Tensor, targets: torch.Tensor, a: torch.Tensor) ->
     return grad.scatter_add_(1, targets.unsqueeze(1), col)
 
 
+# x ↦ g·1[x > threshold] in one pass (ReLU's own backward kernel), written into ``grad_input``
+_masked = torch.ops.aten.threshold_backward.grad_input
+
+
 class _MbLS(torch.autograd.Function):
     """ℓ_i = CE_i + (λ/K) Σ_k relu(d_ik − m), d_ik = max_j z_ij − z_ik.
 
     With u_ik = 1[d_ik > m], n_i = Σ_k u_ik and t_ik = `_top_mask` / its row sum (1 at the
     argmax): ∂ℓ_i/∂z_ik = p_ik − 1[k = y_i] − (λ/K) u_ik + (λ/K) n_i t_ik.
-    Two fresh (B, K) buffers, as ``F.cross_entropy``: p, and the relu's, which holds u and then
-    the gradient.
+    Two pooled (B, K) buffers: p (which backward turns into the tie mask) and the relu's, which
+    backward turns into a_i·(−(λ/K) u_ik) (ReLU's backward kernel: one pass), then the gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, margin, lam, reduction, need_grad):  # type: ignore[override]
         z = compute_view(logits)
         p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=need_grad)
-        over = _over_margin(z, zmax, margin)
+        over = _over_margin(z, zmax, margin, _reused(z, "grad") if need_grad else None)
         k = z.shape[1]
         loss = torch.add(nlp, over.sum(dim=1), alpha=lam / k)
         if need_grad:
-            u = over.gt_(0.0)  # 1[d > m] in the same buffer (faster than sign_)
-            ctx.save_for_backward(targets, pmax, u.sum(dim=1, keepdim=True), z, zmax)
+            ctx.save_for_backward(targets, pmax, z, zmax)
             ctx.setup = (lam / k, margin, reduction, logits.dtype)
-            ctx.p, ctx.spare = p, u
+            ctx.p, ctx.over = p, over
         return finish(loss, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        targets, pmax, n, z, zmax = ctx.saved_tensors
-        coef, margin, reduction, dtype, p = *ctx.setup, ctx.p
+        targets, pmax, z, zmax = ctx.saved_tensors
+        coef, margin, reduction, dtype = ctx.setup
+        p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
+        over = _take(ctx, "over", lambda: _over_margin(z, zmax, margin, None))
         a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
-        ca = a * coef
-        u = _spare(ctx, lambda: _over_margin(z, zmax, margin).gt_(0.0))
-        grad = u.mul_(-ca).addcmul_(p, a.expand_as(ca))
-        top = _top_mask(p, pmax)
-        grad.addcmul_(top, n.mul(ca).div_(top.sum(dim=1, keepdim=True)))
-        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None, None
+        grad = _masked((a * -coef).expand_as(over), over, 0.0, grad_input=over)
+        na = grad.sum(dim=1, keepdim=True)  # −(λ/K)·a_i·n_i
+        grad.addcmul_(p, a.expand_as(na))
+        top = _top_mask(p, pmax, out=p)
+        grad.addcmul_(top, na.div_(top.sum(dim=1, keepdim=True)), value=-1.0)
+        return _as_grad(_minus_onehot(grad, targets, a), dtype), None, None, None, None, None
+
+
+def _logitnorm_nlp(
+    s: torch.Tensor, p: torch.Tensor, targets: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """−log p_y of the normalised logits s. |s_k| < 1/τ, so p_y ≥ exp(−2/τ)/K: where that bound
+    stays a normal number with room to spare, log p_y is read from p itself (no pass over s or
+    p); otherwise from the maxima as in `_softmax_nll`."""
+    k = s.shape[1]
+    if 2.0 / tau + math.log(k) <= _SAFE_LOG[s.dtype]:
+        return p.gather(1, targets.unsqueeze(1)).log_().neg_().squeeze(1)
+    smax = s.amax(dim=1, keepdim=True)
+    pmax = p.amax(dim=1, keepdim=True)
+    return (smax - s.gather(1, targets.unsqueeze(1))).sub_(pmax.log()).squeeze(1)
+
+
+# −log of the smallest normal number, less a margin: p_y above exp(−this) is exact enough to log
+_SAFE_LOG = {torch.float32: 80.0, torch.float64: 700.0}
 
 
 class _LogitNorm(torch.autograd.Function):
@@ -171,6 +218,7 @@ class _LogitNorm(torch.autograd.Function):
 
     With n_i = ‖z_i‖ and g_i = p_i(s_i) − onehot(y_i) (the CE gradient in s):
     ∂ℓ_i/∂z_i = r_i (g_i − z_i (g_i·z_i) / (n_i (n_i + ε))).
+    Two pooled (B, K) buffers: p, and s's, which backward reuses for p ⊙ z and then the gradient.
     """
 
     @staticmethod
@@ -178,29 +226,30 @@ class _LogitNorm(torch.autograd.Function):
         z = compute_view(logits)
         n = torch.linalg.vector_norm(z, dim=1, keepdim=True)
         r = (n + LOGITNORM_EPS).mul_(tau).reciprocal_()
-        s = z * r
-        p, nlp, _, _ = _softmax_nll(s, targets, reuse=need_grad)
+        s = torch.mul(z, r, out=_reused(z, "grad") if need_grad else None)
+        p = _softmax(s, need_grad)
+        nlp = _logitnorm_nlp(s, p, targets, tau)
         if need_grad:
             ctx.save_for_backward(z, targets, n, r)
             ctx.setup = (reduction, logits.dtype)
-            ctx.p = p
-            ctx.spare = s  # dead after this line: the first backward writes the gradient into it
+            ctx.p, ctx.s = p, s
         return finish(nlp, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
         z, targets, n, r = ctx.saved_tensors
-        reduction, dtype, p = *ctx.setup, ctx.p
+        reduction, dtype = ctx.setup
+        p = _take(ctx, "p", lambda: torch.softmax(z * r, dim=1))
+        buf = _take(ctx, "s", lambda: torch.empty_like(p))
         a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
-        z_y = z.gather(1, targets.unsqueeze(1))
-        gz = (torch.linalg.vecdot(p, z).unsqueeze(1) - z_y).mul_(a)  # g_i·z_i
+        pz = torch.mul(p, z, out=buf).sum(dim=1, keepdim=True)
+        gz = (pz - z.gather(1, targets.unsqueeze(1))).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
         denom = (n * (n + LOGITNORM_EPS)).clamp_min_(torch.finfo(z.dtype).tiny)
         ar = a * r
-        grad = torch.mul(p, ar, out=_spare(ctx, lambda: torch.empty_like(p)))
-        grad = _minus_onehot(grad, targets, ar)
+        grad = _minus_onehot(torch.mul(p, ar, out=buf), targets, ar)
         grad.addcmul_(z, gz.div_(denom).mul_(r), value=-1.0)
-        return grad.to(dtype), None, None, None, None
+        return _as_grad(grad, dtype), None, None, None, None
 
 
 class _MDCA(torch.autograd.Function):
@@ -219,20 +268,21 @@ class _MDCA(torch.autograd.Function):
         freq = torch.zeros(k, dtype=z.dtype, device=z.device).index_add_(0, targets, ones)
         diff = p.mean(dim=0).sub_(freq.div_(b))
         if need_grad:
-            ctx.save_for_backward(targets, diff)
+            ctx.save_for_backward(z, targets, diff)
             ctx.setup = (beta / (k * b), reduction, logits.dtype)
             ctx.p = p
         return finish(nlp + beta * diff.abs().sum() / k, reduction, logits.dtype)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
-        targets, diff = ctx.saved_tensors
-        coef, reduction, dtype, p = *ctx.setup, ctx.p
+        z, targets, diff = ctx.saved_tensors
+        coef, reduction, dtype = ctx.setup
+        p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
         a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
         g = diff.sign().mul_(c * coef)  # c·G
         row = a - (p @ g).unsqueeze(1)
-        grad = _minus_onehot((g + row).mul_(p), targets, a)
-        return grad.to(dtype), None, None, None, None
+        grad = torch.add(row, g, out=_reused(p, "grad")).mul_(p)
+        return _as_grad(_minus_onehot(grad, targets, a), dtype), None, None, None, None
 
 
 class _DCA(torch.autograd.Function):
@@ -242,19 +292,19 @@ class _DCA(torch.autograd.Function):
     sum (1 at the argmax) and h = c β sign(C − A) / B (c = Σ_i a_i), using
     ∂q_i/∂z_i = q_i (t_i − p_i):
     ∂(Σ_i a_i ℓ_i)/∂z_i = a_i (p_i − onehot(y_i)) + h q_i (t_i − p_i).
-    One fresh (B, K) buffer: p, into which the first backward writes the gradient.
+    One pooled (B, K) buffer: p, into which the first backward writes the gradient.
     """
 
     @staticmethod
     def forward(ctx: Any, logits, targets, beta, reduction, need_grad):  # type: ignore[override]
         z = compute_view(logits)
-        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=False)  # p becomes the gradient
+        p, nlp, zmax, pmax = _softmax_nll(z, targets, reuse=need_grad)  # p becomes the gradient
         correct = z.gather(1, targets.unsqueeze(1)) == zmax  # a tie for the top counts as correct
         gap = pmax.mean() - correct.to(z.dtype).mean()
         if need_grad:
             ctx.save_for_backward(z, targets, pmax, gap)
             ctx.setup = (beta / z.shape[0], reduction, logits.dtype)
-            ctx.spare = p
+            ctx.p = p
         return finish(nlp + beta * gap.abs(), reduction, logits.dtype)
 
     @staticmethod
@@ -263,10 +313,10 @@ class _DCA(torch.autograd.Function):
         coef, reduction, dtype = ctx.setup
         a, c = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
-        p = _spare(ctx, lambda: torch.softmax(z, dim=1))
-        top = _top_mask(p, pmax)
+        p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
+        top = _top_mask(p, pmax, out=_reused(p, "top"))
         grad = p.mul_(a - hq).addcmul_(top, hq.div_(top.sum(dim=1, keepdim=True)))
-        return _minus_onehot(grad, targets, a).to(dtype), None, None, None, None
+        return _as_grad(_minus_onehot(grad, targets, a), dtype), None, None, None, None
 
 
 def _need_grad(logits: torch.Tensor) -> bool:
