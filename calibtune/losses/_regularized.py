@@ -28,10 +28,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from calibtune._registry import Param
 
-from ._functional import LAM, _checked
+from ._functional import LAM, loss_function
 from ._kernel import compute_view, finish
 from ._reduce import Reduction, expand_reduced_grad
 
@@ -323,15 +324,8 @@ def _need_grad(logits: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and logits.requires_grad
 
 
-def mbls_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    margin: float,
-    lam: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(MARGIN, MBLS_LAM)
+def mbls_loss(logits: Tensor, targets: Tensor, margin: float, lam: float, red: Reduction) -> Tensor:
     """Margin-based label smoothing (MbLS; Liu et al., "The Devil is in the Margin", CVPR 2022)::
 
         ℓ_i = −log p_iy + (λ/K) Σ_k max(0, max_j z_ij − z_ik − m)
@@ -346,19 +340,11 @@ def mbls_loss(
     >>> round(float(mbls_loss(z, y, margin=6.0, lam=0.1)), 5)
     0.10125
     """
-    rules = (MARGIN, margin), (MBLS_LAM, lam)
-    margin, lam, red = _checked("mbls_loss", logits, targets, reduction, validate_args, *rules)
     return _MbLS.apply(logits, targets, margin, lam, red, _need_grad(logits))
 
 
-def logitnorm_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    tau: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(TAU)
+def logitnorm_loss(logits: Tensor, targets: Tensor, tau: float, red: Reduction) -> Tensor:
     """Logit normalisation (LogitNorm; Wei et al., ICML 2022)::
 
         ℓ_i = −log softmax(z_i / (τ(‖z_i‖₂ + ε)))_y,   ε = 1e-7 (as in the authors' code)
@@ -370,18 +356,11 @@ def logitnorm_loss(
     >>> round(float(logitnorm_loss(z, y, tau=1.0)), 5)
     0.59814
     """
-    tau, red = _checked("logitnorm_loss", logits, targets, reduction, validate_args, (TAU, tau))
     return _LogitNorm.apply(logits, targets, tau, red, _need_grad(logits))
 
 
-def mdca_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    beta: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(BETA)
+def mdca_loss(logits: Tensor, targets: Tensor, beta: float, red: Reduction) -> Tensor:
     """Cross-entropy + β·MDCA (Hebbalaguppe et al., "A Stitch in Time Saves Nine", CVPR 2022)::
 
         ℓ_i = −log p_iy + β (1/K) Σ_k |(1/B) Σ_j p_jk − (1/B) Σ_j 1[y_j = k]|
@@ -394,18 +373,11 @@ def mdca_loss(
     >>> round(float(mdca_loss(z, y, beta=1.0)), 5)
     1.19315
     """
-    beta, red = _checked("mdca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _MDCA.apply(logits, targets, beta, red, _need_grad(logits))
 
 
-def dca_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    beta: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(BETA)
+def dca_loss(logits: Tensor, targets: Tensor, beta: float, red: Reduction) -> Tensor:
     """Cross-entropy + β·DCA (Liang et al., "Improved Trainable Calibration Method for Neural
     Networks on Medical Imaging Classification", BMVC 2020)::
 
@@ -421,5 +393,4 @@ def dca_loss(
     >>> round(float(dca_loss(z, y, beta=1.0)), 4)
     1.6004
     """
-    beta, red = _checked("dca_loss", logits, targets, reduction, validate_args, (BETA, beta))
     return _DCA.apply(logits, targets, beta, red, _need_grad(logits))
