@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -73,12 +73,18 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
         )
 
 
-# The rules of the functions' hyperparameters; the registry's declarations extend them with a
-# default (`calibtune.losses._modules`), so a loss module and its function check one rule.
+# The rules of the functions' hyperparameters; each function declares them with its default
+# (`loss_function`), which its module class registers, so a module and its function check one rule.
 GAMMA = Param("gamma", 0.0, low=0.0, doc="focusing parameter γ ≥ 0")
 LAM = Param("lam", 0.0, low=0.0, doc="weight λ ≥ 0 of the added term")
 ALPHA = Param("alpha", 0.0, low=0.0, doc="label-smoothing α ≥ 0 (at most (K−1)/K)")
 _GAMMAS = Param("gammas", 0.0, low=0.0)
+
+
+def _gamma(default: float, doc: str) -> Param:
+    return replace(GAMMA, default=default, doc=doc)
+
+
 _THRESHOLDS = Param("thresholds", 0.0)
 
 
@@ -150,6 +156,12 @@ def loss_function(
         exec(src, kernel.__globals__, scope)
         fn = scope["_make"](_checked, kernel, rules)
         fn.__doc__, fn.__module__, fn.__qualname__ = kernel.__doc__, kernel.__module__, name
+        fn.rules = rules  # the registry entry of its module class declares these
+        ann = kernel.__annotations__
+        fn.__annotations__ = {
+            **{n: ann.get(n, "Any") for n in ("logits", "targets", *names)},
+            **{"reduction": "str", "validate_args": "bool", "return": ann.get("return", "Any")},
+        }
         return fn
 
     return deco
@@ -220,7 +232,7 @@ def cross_entropy_loss(logits: Tensor, targets: Tensor, red: Reduction) -> Tenso
     return F.cross_entropy(logits, targets, reduction=red)
 
 
-@loss_function(GAMMA)
+@loss_function(_gamma(3.0, "focusing parameter γ (0 = cross-entropy)"))
 def focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Focal loss −(1 − p_y)^γ log p_y, γ ≥ 0 (γ = 0 is cross-entropy).
 
@@ -230,7 +242,7 @@ def focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) ->
     return target_prob_loss(logits, targets, gamma, reduction=red)
 
 
-@loss_function(GAMMA)
+@loss_function(_gamma(1.0, "exponent of (1+p_y)"))
 def inverse_focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Inverse focal loss −(1 + p_y)^γ log p_y, γ ≥ 0 (Ghosh et al. 2022, Eq. 5 with γ < 0).
 
@@ -298,7 +310,7 @@ def calfocal_loss(
     return _scheduled("calfocal_loss", logits, targets, gammas, edges, red)
 
 
-@loss_function(GAMMA)
+@loss_function(_gamma(5.0, "focusing parameter γ (Tao et al. Table 13: 5 on CIFAR-10)"))
 def dual_focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Dual focal loss −(1 − p_y + p_j)^γ log p_y (Tao et al. 2023, Eq. 3), γ ≥ 0.
 
@@ -323,7 +335,10 @@ def adadual_focal_loss(
     return _scheduled("adadual_focal_loss", logits, targets, gammas, edges, red, dual=True)
 
 
-@loss_function(GAMMA, LAM)
+@loss_function(
+    _gamma(4.0, "focusing parameter γ"),
+    replace(LAM, default=1.5, doc="weight λ of ‖p − onehot(y)‖²"),
+)
 def fcl_loss(logits: Tensor, targets: Tensor, gamma: float, lam: float, red: Reduction) -> Tensor:
     """Focal Calibration Loss −(1 − p_y)^γ log p_y + λ‖p − onehot(y)‖²₂, γ ≥ 0, λ ≥ 0.
 

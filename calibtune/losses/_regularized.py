@@ -38,7 +38,7 @@ from ._reduce import Reduction, expand_reduced_grad
 
 __all__ = ["dca_loss", "logitnorm_loss", "mbls_loss", "mdca_loss"]
 
-# the rules of the hyperparameters; the registry's declarations add defaults and docs
+# the rules of the hyperparameters; each function declares them with its default and doc
 MARGIN = Param("margin", 0.0, low=0.0, doc="logit-distance margin m ≥ 0")
 BETA = Param("beta", 0.0, low=0.0, doc="weight β ≥ 0 of the batch calibration term")
 TAU = Param("tau", 1.0, low=0.0, low_open=True, doc="temperature τ > 0 of the normalised logits")
@@ -324,7 +324,10 @@ def _need_grad(logits: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and logits.requires_grad
 
 
-@loss_function(MARGIN, MBLS_LAM)
+@loss_function(
+    replace(MARGIN, default=6.0, doc="margin m on max_j z_j − z_k (Liu et al.: 6 on CIFAR)"),
+    replace(MBLS_LAM, default=0.1, doc="weight λ of the class-averaged margin penalty"),
+)
 def mbls_loss(logits: Tensor, targets: Tensor, margin: float, lam: float, red: Reduction) -> Tensor:
     """Margin-based label smoothing (MbLS; Liu et al., "The Devil is in the Margin", CVPR 2022)::
 
@@ -343,7 +346,7 @@ def mbls_loss(logits: Tensor, targets: Tensor, margin: float, lam: float, red: R
     return _MbLS.apply(logits, targets, margin, lam, red, _need_grad(logits))
 
 
-@loss_function(TAU)
+@loss_function(replace(TAU, default=0.04, doc="temperature τ (Wei et al.: 0.04 on CIFAR-10)"))
 def logitnorm_loss(logits: Tensor, targets: Tensor, tau: float, red: Reduction) -> Tensor:
     """Logit normalisation (LogitNorm; Wei et al., ICML 2022)::
 
@@ -359,7 +362,7 @@ def logitnorm_loss(logits: Tensor, targets: Tensor, tau: float, red: Reduction) 
     return _LogitNorm.apply(logits, targets, tau, red, _need_grad(logits))
 
 
-@loss_function(BETA)
+@loss_function(replace(BETA, default=1.0, doc="weight β of MDCA (Hebbalaguppe et al.: 1 with CE)"))
 def mdca_loss(logits: Tensor, targets: Tensor, beta: float, red: Reduction) -> Tensor:
     """Cross-entropy + β·MDCA (Hebbalaguppe et al., "A Stitch in Time Saves Nine", CVPR 2022)::
 
@@ -376,7 +379,7 @@ def mdca_loss(logits: Tensor, targets: Tensor, beta: float, red: Reduction) -> T
     return _MDCA.apply(logits, targets, beta, red, _need_grad(logits))
 
 
-@loss_function(BETA)
+@loss_function(replace(BETA, default=5.0, doc="weight β of DCA (5 in Liang et al.'s code)"))
 def dca_loss(logits: Tensor, targets: Tensor, beta: float, red: Reduction) -> Tensor:
     """Cross-entropy + β·DCA (Liang et al., "Improved Trainable Calibration Method for Neural
     Networks on Medical Imaging Classification", BMVC 2020)::
