@@ -4,8 +4,9 @@ For each (B, K) in (128, 10), (128, 100), (1024, 1000) and each loss of `list_lo
 hyperparameters; adaptive losses after one update from random validation probabilities, with γ of
 both signs so AdaFocal exercises focal and inverse focal), one *round* times ``n`` iterations of
 ``loss(logits, y).backward()`` and ``n`` iterations of ``F.cross_entropy(logits, y).backward()``
-back to back, alternating. The ratio printed is median(loss time) / median(cross-entropy time)
-over the rounds, followed by both medians in µs, so a reader sees which case the reference was in.
+back to back, alternating. The ratio printed is the median over the rounds of (loss time /
+cross-entropy time) within a round, followed by the median times of both in µs, so a reader sees
+which case the reference was in.
 On CPU the clock is the calling thread's CPU time (``time.thread_time``) with one torch thread, so
 other processes on a shared machine do not inflate it; on CUDA it is wall time with synchronisation.
 **The reference's fast case.** ``F.cross_entropy`` allocates three fresh (B, K) buffers per step;
@@ -136,8 +137,9 @@ def _faults() -> int:
 def bench_loss(
     name: str, b: int, k: int, rounds: int, device: torch.device
 ) -> tuple[float, float, float, float]:
-    """median loss / median cross-entropy time, both medians (s per step), and the reference's
-    median minor page faults per step."""
+    """The median over rounds of loss time / cross-entropy time (each round's pair runs back to
+    back, so a load change between rounds cancels), both median times (s per step), and the
+    reference's median minor page faults per step."""
     g = torch.Generator().manual_seed(b + k)
     z = torch.randn(b, k, generator=g).mul_(2).to(device).requires_grad_(True)
     y = torch.randint(0, k, (b,), generator=g).to(device)
@@ -160,8 +162,8 @@ def bench_loss(
         f0 = _faults()
         t_ce.append(_per_iter(run_ce, n, device))
         faults.append((_faults() - f0) / n)
-    loss_s, ce_s = statistics.median(t_loss), statistics.median(t_ce)
-    return loss_s / ce_s, loss_s, ce_s, statistics.median(faults)
+    ratio = statistics.median(a / b for a, b in zip(t_loss, t_ce, strict=True))
+    return ratio, statistics.median(t_loss), statistics.median(t_ce), statistics.median(faults)
 
 
 def count_ops(name: str, b: int = 128, k: int = 100) -> int:
