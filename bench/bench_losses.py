@@ -268,8 +268,8 @@ def main() -> None:
         torch.set_num_threads(1)
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
     print(
-        f"glibc keeps freed memory: {kept}; rounds={args.rounds}; cells: median ratio "
-        "(loss µs / cross-entropy µs), medians over the rounds"
+        f"glibc keeps freed memory: {kept}; rounds={args.rounds}; cells: median over "
+        "rounds of each round's ratio (median loss µs / median cross-entropy µs)"
     )
     names = args.losses.split(",") if args.losses else [*list_losses(), *FLOORS]
     header = "| loss | " + " | ".join(f"B={b}, K={k}" for b, k in SIZES) + " | ATen ops |"
