@@ -146,13 +146,16 @@ def _over_margin(
 
 def _upstream(
     grad_out: torch.Tensor, reduction: Reduction, b: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor:
     """The weight a_i of each per-sample loss in the upstream gradient, as a (B, 1) column or a
-    0-dim scalar, and Σ_i a_i (the weight of a batch-level term that every sample carries)."""
+    0-dim scalar."""
     a = expand_reduced_grad(grad_out.to(dtype), reduction, b)
-    if a.dim() == 1:
-        return a.unsqueeze(1), a.sum()
-    return a, a * b
+    return a.unsqueeze(1) if a.dim() == 1 else a
+
+
+def _total(a: torch.Tensor, b: int) -> torch.Tensor:
+    """Σ_i a_i of `_upstream`'s weights: the weight of a batch-level term every sample carries."""
+    return a.sum() if a.dim() else a * b
 
 
 def _minus_onehot(grad: torch.Tensor, targets: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -193,10 +196,10 @@ class _MbLS(torch.autograd.Function):
         coef, margin, reduction, dtype = ctx.setup
         p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
         over = _take(ctx, "over", lambda: _over_margin(z, zmax, margin, None))
-        a, _ = _upstream(grad_out, reduction, p.shape[0], p.dtype)
-        grad = _masked((a * -coef).expand_as(over), over, 0.0, grad_input=over)
+        a = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        grad = _masked(a * -coef, over, 0.0, grad_input=over)
         na = grad.sum(dim=1, keepdim=True)  # −(λ/K)·a_i·n_i
-        grad.addcmul_(p, a.expand_as(na))
+        grad.addcmul_(p, a)
         top = _top_mask(p, pmax, out=p)
         grad.addcmul_(top, na.div_(top.sum(dim=1, keepdim=True)), value=-1.0)
         return _as_grad(_minus_onehot(grad, targets, a), dtype), None, None, None, None, None
@@ -248,7 +251,7 @@ class _LogitNorm(torch.autograd.Function):
         reduction, dtype = ctx.setup
         p = _take(ctx, "p", lambda: torch.softmax(z * r, dim=1))
         buf = _take(ctx, "s", lambda: torch.empty_like(p))
-        a, _ = _upstream(grad_out, reduction, z.shape[0], z.dtype)
+        a = _upstream(grad_out, reduction, z.shape[0], z.dtype)
         pz = torch.mul(p, z, out=buf).sum(dim=1, keepdim=True)
         gz = (pz - z.gather(1, targets.unsqueeze(1))).mul_(a)  # g_i·z_i
         # z_i·(g_i·z_i) is 0 when n_i = 0 (z_i = 0): any positive denominator gives that 0
@@ -285,8 +288,8 @@ class _MDCA(torch.autograd.Function):
         z, targets, diff = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
         p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
-        a, c = _upstream(grad_out, reduction, p.shape[0], p.dtype)
-        g = diff.sign().mul_(c * coef)  # c·G
+        a = _upstream(grad_out, reduction, p.shape[0], p.dtype)
+        g = diff.sign().mul_(_total(a, p.shape[0]) * coef)  # c·G
         row = a - (p @ g).unsqueeze(1)
         grad = torch.add(row, g, out=_reused(p, "grad")).mul_(p)
         return _as_grad(_minus_onehot(grad, targets, a), dtype), None, None, None, None
@@ -318,8 +321,8 @@ class _DCA(torch.autograd.Function):
     def backward(ctx: Any, grad_out: torch.Tensor):  # type: ignore[override]
         z, targets, pmax, gap = ctx.saved_tensors
         coef, reduction, dtype = ctx.setup
-        a, c = _upstream(grad_out, reduction, z.shape[0], z.dtype)
-        hq = pmax * (gap.sign() * c * coef)  # h q_i, (B, 1)
+        a = _upstream(grad_out, reduction, z.shape[0], z.dtype)
+        hq = pmax * (gap.sign() * _total(a, z.shape[0]) * coef)  # h q_i, (B, 1)
         p = _take(ctx, "p", lambda: torch.softmax(z, dim=1))
         top = _top_mask(p, pmax, out=_reused(p, "top"))
         grad = p.mul_(a - hq).addcmul_(top, hq.div_(top.sum(dim=1, keepdim=True)))
