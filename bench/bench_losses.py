@@ -4,13 +4,21 @@ For each (B, K) in (128, 10), (128, 100), (1024, 1000) and each loss of `list_lo
 hyperparameters; adaptive losses after one update from random validation probabilities, with γ of
 both signs so AdaFocal exercises focal and inverse focal), one *round* times ``n`` iterations of
 ``loss(logits, y).backward()`` and ``n`` iterations of ``F.cross_entropy(logits, y).backward()``
-back to back, alternating. The ratio printed is min(loss time) / min(cross-entropy time) over the
-rounds: interference from other processes only ever adds time, so the minima are the cleanest
-estimates; the microseconds are the loss's per-iteration minimum.
+back to back, alternating. The ratio printed is the median over the rounds of (loss time /
+cross-entropy time) within a round, followed by the median times of both in µs, so a reader sees
+which case the reference was in.
 On CPU the clock is the calling thread's CPU time (``time.thread_time``) with one torch thread, so
 other processes on a shared machine do not inflate it; on CUDA it is wall time with synchronisation.
+**The reference's fast case.** ``F.cross_entropy`` allocates three fresh (B, K) buffers per step;
+whether they page-fault depends on whether glibc handed the previous step's blocks back to the OS,
+which depends on the process's allocation history (2.5 ms or 1.4 ms at B=1024, K=1000 in two runs
+of the same code). By default the script tells glibc to keep freed memory (``mallopt``:
+``M_TRIM_THRESHOLD``, ``M_MMAP_THRESHOLD``), so no case page-faults and the reference is always in
+its fast case; ``--allocator-default`` leaves glibc alone. Minor page faults per step are counted
+(``getrusage``) and reported for the reference.
 Targets (issue 13): ratio <= 1.5 at B=128, K=100 and <= 1.2 at B=1024, K=1000 for every loss
-except ``mmce`` (O(B²) kernel, reported only); K=10 is reported only.
+except ``mmce`` (O(B²) kernel, reported only); K=10 is reported only. Issue 14's losses (MbLS,
+LogitNorm, MDCA, DCA): <= 1.5 at B=1024, K=1000.
 The *floor* rows time, the same way, what no Python-level loss can undercut: ``empty_function``
 (a `torch.autograd.Function` whose forward is one ``sum`` and whose backward returns one
 ``empty_like``: the cost of a custom Function alone) and ``minimal_function`` (cross-entropy itself
@@ -28,6 +36,8 @@ Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30] [--losses mbls
 from __future__ import annotations
 
 import argparse
+import ctypes
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -39,6 +49,9 @@ from calibtune.losses import CalibrationLoss, build_loss, list_losses
 
 SIZES = [(128, 10), (128, 100), (1024, 1000)]
 TARGETS = {(128, 100): 1.5, (1024, 1000): 1.2}
+# issue 14's losses: <= 1.5 at B=1024, K=1000 (reported only at the small sizes)
+TARGETS_14 = {(1024, 1000): 1.5}
+ISSUE_14 = ("mbls", "logitnorm", "mdca", "dca")
 
 
 class _EmptyFunction(torch.autograd.Function):
@@ -106,7 +119,27 @@ def _prepared(name: str, device: torch.device) -> CalibrationLoss:
     return loss
 
 
-def bench_loss(name: str, b: int, k: int, rounds: int, device: torch.device) -> tuple[float, float]:
+def keep_freed_memory() -> bool:
+    """Ask glibc to keep freed blocks (no trimming, no mmap for large blocks); False if it is not
+    glibc. The reference's (B, K) buffers then come from memory the process already touched."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(libc.mallopt(m_trim_threshold, 1 << 30) and libc.mallopt(m_mmap_threshold, 1 << 30))
+
+
+def _faults() -> int:
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_minflt
+
+
+def bench_loss(
+    name: str, b: int, k: int, rounds: int, device: torch.device
+) -> tuple[float, float, float, float]:
+    """The median over rounds of loss time / cross-entropy time (each round's pair runs back to
+    back, so a load change between rounds cancels), both median times (s per step), and the
+    reference's median minor page faults per step."""
     g = torch.Generator().manual_seed(b + k)
     z = torch.randn(b, k, generator=g).mul_(2).to(device).requires_grad_(True)
     y = torch.randint(0, k, (b,), generator=g).to(device)
@@ -123,11 +156,14 @@ def bench_loss(name: str, b: int, k: int, rounds: int, device: torch.device) -> 
     n = min(30, max(2, int(2e5 // (b * k)))) if device.type == "cpu" else 30
     for fn in (run_loss, run_ce):
         _per_iter(fn, n, device)  # warm-up
-    t_loss, t_ce = [], []
+    t_loss, t_ce, faults = [], [], []
     for _ in range(rounds):
         t_loss.append(_per_iter(run_loss, n, device))
+        f0 = _faults()
         t_ce.append(_per_iter(run_ce, n, device))
-    return min(t_loss) / min(t_ce), min(t_loss)
+        faults.append((_faults() - f0) / n)
+    ratio = statistics.median(a / b for a, b in zip(t_loss, t_ce, strict=True))
+    return ratio, statistics.median(t_loss), statistics.median(t_ce), statistics.median(faults)
 
 
 def count_ops(name: str, b: int = 128, k: int = 100) -> int:
@@ -220,25 +256,42 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--losses", help="comma-separated subset of list_losses() (default: all)")
+    parser.add_argument(
+        "--allocator-default",
+        action="store_true",
+        help="leave glibc's trimming on (the reference may then page-fault)",
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
+    kept = device.type == "cpu" and not args.allocator_default and keep_freed_memory()
     if device.type == "cpu":
         torch.set_num_threads(1)
     print(f"device={device} torch={torch.__version__} threads={torch.get_num_threads()}")
+    print(
+        f"glibc keeps freed memory: {kept}; rounds={args.rounds}; cells: median over "
+        "rounds of each round's ratio (median loss µs / median cross-entropy µs)"
+    )
     names = args.losses.split(",") if args.losses else [*list_losses(), *FLOORS]
     header = "| loss | " + " | ".join(f"B={b}, K={k}" for b, k in SIZES) + " | ATen ops |"
     print(header)
     print("|---" * (len(SIZES) + 2) + "|")
     over: list[str] = []
+    ce_faults: list[float] = []
     for name in names:
         cells = []
         for b, k in SIZES:
-            ratio, sec = bench_loss(name, b, k, args.rounds, device)
-            if ratio > TARGETS.get((b, k), float("inf")) and name not in ("mmce", *FLOORS):
+            ratio, sec, ce_sec, faults = bench_loss(name, b, k, args.rounds, device)
+            target = (TARGETS_14 if name in ISSUE_14 else TARGETS).get((b, k), float("inf"))
+            if ratio > target and name not in ("mmce", *FLOORS):
                 over.append(f"{name} at B={b}, K={k}")
-            cells.append(f"{ratio:.2f}× ({sec * 1e6:.0f} µs)")
+            cells.append(f"{ratio:.2f}× ({sec * 1e6:.0f} / {ce_sec * 1e6:.0f} µs)")
+            ce_faults.append(faults)
         cells.append(str(count_ops(name)))
         print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
+    worst = max(ce_faults)
+    print(
+        f"cross-entropy minor page faults per step (median of each cell's rounds): max {worst:.0f}"
+    )
     print(f"over target (mmce excluded): {', '.join(over) or 'none'}")
     print(f"(B, K) = (1024, 1000) primitives: {bench_primitives(args.rounds, device)}")
     seed = [bench_seed_adafocal(b, k, args.rounds, device) for b, k in SIZES]

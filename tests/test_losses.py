@@ -606,8 +606,9 @@ def test_call_errors(call, match: str) -> None:
         call(z, y)
 
 
-# the function-backed modules (`function_loss`): each module is its function with the resolved
-# hyperparameters, passed by name (non-default values, so a dropped or swapped one shows)
+# the function-backed modules (`name=`, `function=` subclasses): each module is its function with
+# the resolved hyperparameters, passed by name (non-default values, so a dropped or swapped one
+# shows)
 FUNCTION_MODULES = {
     "cross_entropy": (F_cal.cross_entropy_loss, {}),
     "focal": (F_cal.focal_loss, {"gamma": 1.5}),

@@ -55,6 +55,7 @@ CASES = [
     ("mbls_loss", ref_mbls, {"margin": 0.0, "lam": 0.1}),
     ("logitnorm_loss", ref_logitnorm, {"tau": 0.04}),
     ("logitnorm_loss", ref_logitnorm, {"tau": 1.5}),
+    ("logitnorm_loss", ref_logitnorm, {"tau": 0.002}),  # −log p_y from the maxima (2/τ > 700)
     ("mdca_loss", ref_mdca, {"beta": 1.0}),
     ("mdca_loss", ref_mdca, {"beta": 10.0}),
     ("dca_loss", ref_dca, {"beta": 5.0}),
@@ -252,3 +253,31 @@ def test_buffers_reused_across_calls_are_never_shared_by_two_live_graphs(name: s
     grads[2][1].backward()
     for (za, _), gr in zip(grads, refs, strict=True):
         torch.testing.assert_close(za.grad, gr, rtol=1e-10, atol=1e-12)
+
+
+def test_logitnorm_small_tau_stays_finite_where_p_y_underflows() -> None:
+    # τ = 0.01: s = (70.7, −70.7), p_y = e^−141 is 0 in float32, so −log p_y must come from the
+    # maxima (−log p_y = 141.42), not from p
+    z = torch.tensor([[1.0, -1.0]], requires_grad=True)
+    out = F_cal.logitnorm_loss(z, torch.tensor([1]), 0.01)
+    out.backward()
+    torch.testing.assert_close(out, torch.tensor(2**0.5 / 0.01), rtol=1e-6, atol=0)
+    assert torch.isfinite(z.grad).all()
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_kept_gradient_is_never_overwritten_and_a_dropped_one_is_reused(name: str) -> None:
+    # the fused backwards return a pooled buffer: one the caller keeps must survive the next
+    # call; once dropped, the next step writes into the same memory (no fresh allocation)
+    loss = build_loss(name)
+    z1, y1 = _logits(10, 6, seed=1)
+    z2, y2 = _logits(10, 6, seed=2)
+    (g1,) = torch.autograd.grad(loss(z1.requires_grad_(True), y1), z1)
+    kept = g1.clone()
+    (g2,) = torch.autograd.grad(loss(z2.requires_grad_(True), y2), z2)
+    assert torch.equal(g1, kept)
+    assert g2.data_ptr() != g1.data_ptr()
+    ptr = g2.data_ptr()
+    del g1, g2
+    (g3,) = torch.autograd.grad(loss(z2, y2), z2)
+    assert g3.data_ptr() == ptr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Self
 
@@ -25,14 +26,39 @@ class CalibrationLoss(nn.Module):
     ``forward(logits (B, K), targets (B,) int64)`` returns the loss reduced by ``reduction``
     (``"mean"`` over the batch by default; the seed papers' code sums).
     ``adaptive`` is True for losses whose state is updated from validation statistics.
-    Most losses are a pure function and its hyperparameters (`function_loss`): ``forward`` calls
-    ``function``; the others write their own ``forward``.
+    Most losses are a pure function and its hyperparameters (a subclass declared with
+    ``name=`` and ``function=``, see `__init_subclass__`): ``forward`` calls ``function``; the
+    others write their own ``forward`` (and register with ``name=`` or `register_loss`).
     """
 
     name: ClassVar[str] = ""
     adaptive: ClassVar[bool] = False
     #: ``function(logits, targets, reduction=, validate_args=False, **hparams)``, or None
     function: ClassVar[Callable[..., torch.Tensor] | None] = None
+
+    def __init_subclass__(
+        cls,
+        *,
+        name: str | None = None,
+        function: Callable[..., torch.Tensor] | None = None,
+        params: Sequence[Param] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``class FocalLoss(CalibrationLoss, name="focal", function=F.focal_loss)``: registers the
+        class under ``name`` with the class docstring as its one-line summary; a ``function``
+        becomes ``forward``, and its declared rules (`calibtune.losses._functional.loss_function`,
+        defaults included) the entry's hyperparameters unless ``params`` are given."""
+        super().__init_subclass__(**kwargs)
+        if function is not None:
+            cls.function = staticmethod(function)
+        if name is None:
+            return
+        summary = " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
+        declared = getattr(function, "rules", ()) if params is None else params
+        register_loss(name, params=declared, summary=summary)(cls)
+        if function is not None:
+            module = f"calibtune.losses.functional.{function.__name__}"
+            cls.__doc__ = f"{summary} (`{module}` as a module)."
 
     def __init__(self, *, reduction: str = "mean", **params: Any) -> None:
         super().__init__()
@@ -70,21 +96,3 @@ class CalibrationLoss(nn.Module):
     def extra_repr(self) -> str:
         items = [f"{k}={v!r}" for k, v in self.hparams.items()]
         return ", ".join([*items, f"reduction={self.reduction!r}"])
-
-
-def function_loss(
-    cls_name: str,
-    name: str,
-    function: Callable[..., torch.Tensor],
-    *,
-    params: Sequence[Param] = (),
-    summary: str,
-    module: str,
-) -> type[CalibrationLoss]:
-    """The registered `CalibrationLoss` ``cls_name`` (defined in ``module``) whose ``forward`` is
-    ``function`` with the resolved hyperparameters: the registry entry ``name`` declares them
-    (``params``; their names are ``function``'s keyword names) and its one-line ``summary``."""
-    doc = f"{summary} (`calibtune.losses.functional.{function.__name__}` as a module)."
-    attrs = {"function": staticmethod(function), "__doc__": doc, "__module__": module}
-    cls = type(cls_name, (CalibrationLoss,), attrs)
-    return register_loss(name, params=params, summary=summary)(cls)

@@ -20,11 +20,13 @@ Conventions shared by every function here:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from calibtune._registry import Param
 
@@ -71,12 +73,18 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
         )
 
 
-# The rules of the functions' hyperparameters; the registry's declarations extend them with a
-# default (`calibtune.losses._modules`), so a loss module and its function check one rule.
+# The rules of the functions' hyperparameters; each function declares them with its default
+# (`loss_function`), which its module class registers, so a module and its function check one rule.
 GAMMA = Param("gamma", 0.0, low=0.0, doc="focusing parameter γ ≥ 0")
 LAM = Param("lam", 0.0, low=0.0, doc="weight λ ≥ 0 of the added term")
 ALPHA = Param("alpha", 0.0, low=0.0, doc="label-smoothing α ≥ 0 (at most (K−1)/K)")
 _GAMMAS = Param("gammas", 0.0, low=0.0)
+
+
+def _gamma(default: float, doc: str) -> Param:
+    return replace(GAMMA, default=default, doc=doc)
+
+
 _THRESHOLDS = Param("thresholds", 0.0)
 
 
@@ -105,25 +113,75 @@ def _checked(
     return (*values, _reduction(reduction, validate_args))
 
 
+_TEMPLATE = """\
+def _make(_checked, _kernel, _rules):
+    def {name}(logits, targets, {params}reduction="mean", *, validate_args=True):
+        return _kernel(logits, targets, *_checked({name!r}, logits, targets, reduction,
+                                                  validate_args, {pairs}))
+    return {name}
+"""
+
+
+def loss_function(
+    *rules: Param,
+) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+    """Decorator: ``kernel(logits, targets, *hyperparameters, reduction)``, which trusts its
+    inputs, becomes the public loss function of the same name, docstring and module::
+
+        name(logits, targets, <one argument per rule>, reduction="mean", *, validate_args=True)
+
+    which checks ``logits``/``targets`` always and each hyperparameter against its `Param` rule
+    and ``reduction`` unless ``validate_args`` is False (`_checked`), then calls the kernel. The
+    signature is generated (as `dataclasses` does), so the wrapper costs one call, not a binding.
+
+    >>> @loss_function(GAMMA)
+    ... def scaled_ce(logits, targets, gamma, reduction):
+    ...     return gamma * F.cross_entropy(logits, targets, reduction=reduction)
+    >>> scaled_ce(torch.zeros(2, 2), torch.tensor([0, 1]), -1.0)
+    Traceback (most recent call last):
+    ...
+    calibtune._validate.ValidationError: scaled_ce: gamma: expected a number in [0, inf), got -1.0
+    """
+
+    def deco(kernel: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        name = kernel.__name__
+        names = [rule.name for rule in rules]
+        src = _TEMPLATE.format(
+            name=name,
+            params="".join(f"{n}, " for n in names),
+            pairs=", ".join(f"(_rules[{i}], {n})" for i, n in enumerate(names)),
+        )
+        scope: dict[str, Any] = {}
+        # the kernel's module globals: doctest finds the function as that module's own
+        exec(src, kernel.__globals__, scope)
+        fn = scope["_make"](_checked, kernel, rules)
+        fn.__doc__, fn.__module__, fn.__qualname__ = kernel.__doc__, kernel.__module__, name
+        fn.rules = rules  # the registry entry of its module class declares these
+        ann = kernel.__annotations__
+        fn.__annotations__ = {
+            **{n: ann.get(n, "Any") for n in ("logits", "targets", *names)},
+            **{"reduction": "str", "validate_args": "bool", "return": ann.get("return", "Any")},
+        }
+        return fn
+
+    return deco
+
+
 def _as_schedule(
     gammas: torch.Tensor | Sequence[float],
     edges: torch.Tensor | Sequence[float],
     fn: str,
     names: tuple[str, str],
     logits: torch.Tensor,
-    validate_args: bool = True,
 ) -> Schedule:
     """Tensors are used as they are (`Schedule.select` casts them); sequences become tensors.
-
-    Shapes are checked unless ``validate_args`` is False (a module's own schedule buffers)."""
+    Shapes are checked always (no values: that would sync the device), like the logits'."""
     dtype = torch.float32 if logits.dtype in (torch.float16, torch.bfloat16) else logits.dtype
     g, e = (
         x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=dtype, device=logits.device)
         for x in (gammas, edges)
     )
-    if validate_args and (
-        g.dim() != 1 or e.dim() != 1 or e.numel() != g.numel() - 1 or g.numel() == 0
-    ):
+    if g.dim() != 1 or e.dim() != 1 or e.numel() != g.numel() - 1 or g.numel() == 0:
         raise ValueError(
             f"{fn}: expected {names[0]} of shape (M,) and {names[1]} of shape (M-1,), got "
             f"{tuple(g.shape)} and {tuple(e.shape)}"
@@ -137,69 +195,59 @@ def _scheduled(
     targets: torch.Tensor,
     gammas: torch.Tensor | Sequence[float],
     edges: torch.Tensor | Sequence[float],
-    reduction: Any,
-    validate_args: bool,
+    red: Reduction,
     *,
     names: tuple[str, str] = ("gammas", "edges"),
     dual: bool = False,
 ) -> torch.Tensor:
     """The fused loss with γ per p_y bin (`Schedule`) for ``fn``, whose inputs are checked."""
-    sched = _as_schedule(gammas, edges, fn, names, logits, validate_args)
-    red = _reduction(reduction, validate_args)
+    sched = _as_schedule(gammas, edges, fn, names, logits)
     return target_prob_loss(logits, targets, sched, dual=dual, reduction=red)
+
+
+@dataclass(frozen=True)
+class _AsGiven:
+    """The rule of a tensor argument of `loss_function` (a γ schedule): taken as given, its
+    shape is checked by the kernel (`_as_schedule`)."""
+
+    name: str
+
+    def validate(self, value: Any, owner: str) -> Any:
+        return value
+
+
+_SCHEDULE = (_AsGiven("gammas"), _AsGiven("edges"))
 
 
 # -- p_y-based losses -------------------------------------------------------------------
 
 
-def cross_entropy_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function()
+def cross_entropy_loss(logits: Tensor, targets: Tensor, red: Reduction) -> Tensor:
     """Cross-entropy −log p_y. Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
 
     Delegates to ``F.cross_entropy``, whose ``mean``/``sum``/``none`` are exactly ours (no class
     weights), so no extra reduction node is added.
     """
-    (red,) = _checked("cross_entropy_loss", logits, targets, reduction, validate_args)
     return F.cross_entropy(logits, targets, reduction=red)
 
 
-def focal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gamma: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(_gamma(3.0, "focusing parameter γ (0 = cross-entropy)"))
+def focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Focal loss −(1 − p_y)^γ log p_y, γ ≥ 0 (γ = 0 is cross-entropy).
 
     Lin et al. 2017, "Focal Loss for Dense Object Detection"; Mukhoti et al. 2020 for calibration.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    gamma, red = _checked("focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma))
     return target_prob_loss(logits, targets, gamma, reduction=red)
 
 
-def inverse_focal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gamma: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(_gamma(1.0, "exponent of (1+p_y)"))
+def inverse_focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Inverse focal loss −(1 + p_y)^γ log p_y, γ ≥ 0 (Ghosh et al. 2022, Eq. 5 with γ < 0).
 
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    gamma, red = _checked(
-        "inverse_focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma)
-    )
     return target_prob_loss(logits, targets, -gamma, reduction=red)
 
 
@@ -231,20 +279,14 @@ def flsd_loss(
             raise ValueError(
                 f"flsd_loss: thresholds: expected strictly increasing values in (0, 1), got {ts}"
             )
-    names = ("gammas", "thresholds")
-    args = (logits, targets, gammas, thresholds, reduction, validate_args)
-    return _scheduled("flsd_loss", *args, names=names)
+    args = (logits, targets, gammas, thresholds, _reduction(reduction, validate_args))
+    return _scheduled("flsd_loss", *args, names=("gammas", "thresholds"))
 
 
+@loss_function(*_SCHEDULE)
 def adafocal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gammas: torch.Tensor,
-    edges: torch.Tensor,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+    logits: Tensor, targets: Tensor, gammas: Tensor, edges: Tensor, red: Reduction
+) -> Tensor:
     """AdaFocal loss (Ghosh et al. 2022, Eq. 5) for fixed per-bin γ.
 
     Sample n falls in validation bin b when p_y ∈ [e_b, e_{b+1}) (``edges`` (M−1,) are the inner
@@ -253,57 +295,36 @@ def adafocal_loss(
     ``edges`` come from `AdaFocalLoss` (state updated from validation bins by Algorithm 1).
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "adafocal_loss")
-    return _scheduled("adafocal_loss", logits, targets, gammas, edges, reduction, validate_args)
+    return _scheduled("adafocal_loss", logits, targets, gammas, edges, red)
 
 
+@loss_function(*_SCHEDULE)
 def calfocal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gammas: torch.Tensor,
-    edges: torch.Tensor,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+    logits: Tensor, targets: Tensor, gammas: Tensor, edges: Tensor, red: Reduction
+) -> Tensor:
     """CalFocal loss (Ghosh et al. 2022, Eq. 3): focal with γ_b = exp(λ(C_val,b − A_val,b)).
 
     The binning is `adafocal_loss`'s; ``gammas`` (M,) > 0 come from `calfocal_gammas`.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "calfocal_loss")
-    return _scheduled("calfocal_loss", logits, targets, gammas, edges, reduction, validate_args)
+    return _scheduled("calfocal_loss", logits, targets, gammas, edges, red)
 
 
-def dual_focal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gamma: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(_gamma(5.0, "focusing parameter γ (Tao et al. Table 13: 5 on CIFAR-10)"))
+def dual_focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Dual focal loss −(1 − p_y + p_j)^γ log p_y (Tao et al. 2023, Eq. 3), γ ≥ 0.
 
     p_j is the largest probability strictly below p_y (0 when there is none, e.g. when y has the
     smallest probability: then it is plain focal loss); classes tied with p_y are excluded.
     Gradients flow through p_j as in the authors' code. Shapes: (B, K), (B,) -> scalar, or (B,).
     """
-    gamma, red = _checked(
-        "dual_focal_loss", logits, targets, reduction, validate_args, (GAMMA, gamma)
-    )
     return target_prob_loss(logits, targets, gamma, dual=True, reduction=red)
 
 
+@loss_function(*_SCHEDULE)
 def adadual_focal_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gammas: torch.Tensor,
-    edges: torch.Tensor,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+    logits: Tensor, targets: Tensor, gammas: Tensor, edges: Tensor, red: Reduction
+) -> Tensor:
     """AdaDualFocal (Tao et al. 2023, §5.2): AdaFocal's per-bin γ on the dual focal form.
 
     Binning by p_y as in `adafocal_loss`; γ_b ≥ 0 gives −(1 − p_y + p_j)^γ_b log p_y and γ_b < 0
@@ -311,44 +332,29 @@ def adadual_focal_loss(
     and raises the dual base to the negative power; it never updates γ).
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    _check_inputs(logits, targets, "adadual_focal_loss")
-    args = (logits, targets, gammas, edges, reduction, validate_args)
-    return _scheduled("adadual_focal_loss", *args, dual=True)
+    return _scheduled("adadual_focal_loss", logits, targets, gammas, edges, red, dual=True)
 
 
-def fcl_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    gamma: float,
-    lam: float,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function(
+    _gamma(4.0, "focusing parameter γ"),
+    replace(LAM, default=1.5, doc="weight λ of ‖p − onehot(y)‖²"),
+)
+def fcl_loss(logits: Tensor, targets: Tensor, gamma: float, lam: float, red: Reduction) -> Tensor:
     """Focal Calibration Loss −(1 − p_y)^γ log p_y + λ‖p − onehot(y)‖²₂, γ ≥ 0, λ ≥ 0.
 
     "Towards Trustworthy Deep Neural Network through Euclidean Distance" (FCL); the squared
     Euclidean (Brier) term makes it strictly proper for λ > 0.
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    gamma, lam, red = _checked(
-        "fcl_loss", logits, targets, reduction, validate_args, (GAMMA, gamma), (LAM, lam)
-    )
     return target_prob_loss(logits, targets, gamma, brier_weight=lam, reduction=red)
 
 
-def brier_loss(
-    logits: torch.Tensor,
-    targets: torch.Tensor,
-    reduction: str = "mean",
-    *,
-    validate_args: bool = True,
-) -> torch.Tensor:
+@loss_function()
+def brier_loss(logits: Tensor, targets: Tensor, red: Reduction) -> Tensor:
     """Brier score Σ_k (p_k − 1{k = y})² per sample (Brier 1950; a baseline in Mukhoti et al.).
 
     Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
     """
-    (red,) = _checked("brier_loss", logits, targets, reduction, validate_args)
     return target_prob_loss(logits, targets, None, brier_weight=1.0, reduction=red)
 
 

@@ -45,6 +45,11 @@ def compute_view(logits: torch.Tensor) -> torch.Tensor:
     return logits.float() if logits.dtype in _HALF else logits
 
 
+def _log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """log_softmax over classes, in the compute dtype (`compute_view`)."""
+    return torch.log_softmax(compute_view(logits), dim=1)
+
+
 def finish(loss: torch.Tensor, reduction: Reduction, dtype: torch.dtype) -> torch.Tensor:
     """Per-sample ``loss`` reduced and cast back to the logits' ``dtype``."""
     out = reduce_loss(loss, reduction)
@@ -144,18 +149,8 @@ def _log_softmax_grad(
 
 class _TargetProbLoss(torch.autograd.Function):
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        gamma: GammaSpec,
-        dual: bool,
-        brier_weight: float,
-        reduction: Reduction,
-        need_grad: bool,
-    ) -> torch.Tensor:
-        in_dtype = logits.dtype
-        logp = torch.log_softmax(compute_view(logits), dim=1)
+    def forward(ctx: Any, logits, targets, gamma, dual, brier_weight, reduction, need_grad):  # type: ignore[override]
+        in_dtype, logp = logits.dtype, _log_probs(logits)
         nlp = F.nll_loss(logp, targets, reduction="none")
         m = torch.expm1(-nlp)  # p_y − 1, exact near p_y = 1 where 1 − exp(·) cancels
         p_y = m + 1
@@ -248,16 +243,8 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     `smoothed_cross_entropy`."""
 
     @staticmethod
-    def forward(  # type: ignore[override]
-        ctx: Any,
-        logits: torch.Tensor,
-        targets: torch.Tensor,
-        alpha: float,
-        reduction: Reduction,
-        need_grad: bool,
-    ) -> torch.Tensor:
-        in_dtype = logits.dtype
-        logp = torch.log_softmax(compute_view(logits), dim=1)
+    def forward(ctx: Any, logits, targets, alpha: float, reduction, need_grad):  # type: ignore[override]
+        in_dtype, logp = logits.dtype, _log_probs(logits)
         a = alpha / (logp.shape[1] - 1)
         c_y = 1.0 - alpha - a  # s_y − a: the extra weight of −log p_y
         # −Σ_k s_k log p_k = c_y·(−log p_y) − a·Σ_k log p_k

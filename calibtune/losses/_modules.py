@@ -1,6 +1,6 @@
 """Registered module adapters for the losses without validation-driven state: each is its pure
-function with the hyperparameters the registry declares (`function_loss`); FLSD keeps its
-schedule in buffers."""
+function with the hyperparameters (and defaults) the function declares, or the ones listed here;
+FLSD keeps its schedule in buffers."""
 
 from __future__ import annotations
 
@@ -12,37 +12,20 @@ import torch
 from calibtune._registry import Param
 
 from . import _functional as F
-from ._base import CalibrationLoss, function_loss
+from ._base import CalibrationLoss
 from ._registry import register_loss
 
 
-def _gamma(default: float, doc: str) -> Param:
-    return replace(F.GAMMA, default=default, doc=doc)
+class CrossEntropyLoss(CalibrationLoss, name="cross_entropy", function=F.cross_entropy_loss):
+    """cross-entropy −log p_y"""
 
 
-CrossEntropyLoss = function_loss(
-    "CrossEntropyLoss",
-    "cross_entropy",
-    F.cross_entropy_loss,
-    summary="cross-entropy −log p_y",
-    module=__name__,
-)
-FocalLoss = function_loss(
-    "FocalLoss",
-    "focal",
-    F.focal_loss,
-    params=[_gamma(3.0, "focusing parameter γ (0 = cross-entropy)")],
-    summary="focal loss −(1−p_y)^γ log p_y (Lin et al. 2017; Mukhoti et al. 2020)",
-    module=__name__,
-)
-InverseFocalLoss = function_loss(
-    "InverseFocalLoss",
-    "inverse_focal",
-    F.inverse_focal_loss,
-    params=[_gamma(1.0, "exponent of (1+p_y)")],
-    summary="inverse focal loss −(1+p_y)^γ log p_y (Ghosh et al. 2022)",
-    module=__name__,
-)
+class FocalLoss(CalibrationLoss, name="focal", function=F.focal_loss):
+    """focal loss −(1−p_y)^γ log p_y (Lin et al. 2017; Mukhoti et al. 2020)"""
+
+
+class InverseFocalLoss(CalibrationLoss, name="inverse_focal", function=F.inverse_focal_loss):
+    """inverse focal loss −(1+p_y)^γ log p_y (Ghosh et al. 2022)"""
 
 
 @register_loss(
@@ -100,69 +83,51 @@ class FLSDLoss(CalibrationLoss):
         )
 
 
-DualFocalLoss = function_loss(
-    "DualFocalLoss",
-    "dual_focal",
-    F.dual_focal_loss,
-    params=[_gamma(5.0, "focusing parameter γ (Tao et al. Table 13: 5 on CIFAR-10)")],
-    summary="dual focal loss −(1−p_y+p_j)^γ log p_y (Tao et al. 2023)",
-    module=__name__,
+class DualFocalLoss(CalibrationLoss, name="dual_focal", function=F.dual_focal_loss):
+    """dual focal loss −(1−p_y+p_j)^γ log p_y (Tao et al. 2023)"""
+
+
+class FocalCalibrationLoss(CalibrationLoss, name="fcl", function=F.fcl_loss):
+    """focal calibration loss: focal + λ‖p − onehot(y)‖²"""
+
+
+class BrierLoss(CalibrationLoss, name="brier", function=F.brier_loss):
+    """Brier score Σ_k (p_k − y_k)²"""
+
+
+_SMOOTHING = replace(
+    F.ALPHA,
+    default=0.05,
+    high=1.0,
+    high_open=True,
+    doc="smoothing α: (1−α) on y, α/(K−1) elsewhere; at most (K−1)/K",
 )
-FocalCalibrationLoss = function_loss(
-    "FocalCalibrationLoss",
-    "fcl",
-    F.fcl_loss,
-    params=[
-        _gamma(4.0, "focusing parameter γ"),
-        replace(F.LAM, default=1.5, doc="weight λ of ‖p − onehot(y)‖²"),
-    ],
-    summary="focal calibration loss: focal + λ‖p − onehot(y)‖²",
-    module=__name__,
+
+
+class LabelSmoothingLoss(
+    CalibrationLoss, name="label_smoothing", function=F.label_smoothing_loss, params=[_SMOOTHING]
+):
+    """cross-entropy with label smoothing (Müller et al. 2019; Mukhoti et al. §5)"""
+
+
+_MMCE_PARAMS = (
+    replace(
+        F.LAM,
+        default=2.0,
+        doc="weight λ of MMCE_w (2 in Mukhoti et al., tuned with normalization "
+        "'focal_calibration')",
+    ),
+    Param(
+        "normalization",
+        "kumar",
+        kind="categorical",
+        choices=F.MMCE_NORMALIZATIONS,
+        searchable=False,
+        doc="'kumar': Kumar et al.'s MMCE_w; 'focal_calibration': the seed code's, whose "
+        "kernel sums are divided by m², n², mn twice (Mukhoti et al.'s λ = 2 assumes it)",
+    ),
 )
-BrierLoss = function_loss(
-    "BrierLoss",
-    "brier",
-    F.brier_loss,
-    summary="Brier score Σ_k (p_k − y_k)²",
-    module=__name__,
-)
-LabelSmoothingLoss = function_loss(
-    "LabelSmoothingLoss",
-    "label_smoothing",
-    F.label_smoothing_loss,
-    params=[
-        replace(
-            F.ALPHA,
-            default=0.05,
-            high=1.0,
-            high_open=True,
-            doc="smoothing α: (1−α) on y, α/(K−1) elsewhere; at most (K−1)/K",
-        )
-    ],
-    summary="cross-entropy with label smoothing (Müller et al. 2019; Mukhoti et al. §5)",
-    module=__name__,
-)
-MMCELoss = function_loss(
-    "MMCELoss",
-    "mmce",
-    F.mmce_loss,
-    params=[
-        replace(
-            F.LAM,
-            default=2.0,
-            doc="weight λ of MMCE_w (2 in Mukhoti et al., tuned with normalization "
-            "'focal_calibration')",
-        ),
-        Param(
-            "normalization",
-            "kumar",
-            kind="categorical",
-            choices=F.MMCE_NORMALIZATIONS,
-            searchable=False,
-            doc="'kumar': Kumar et al.'s MMCE_w; 'focal_calibration': the seed code's, whose "
-            "kernel sums are divided by m², n², mn twice (Mukhoti et al.'s λ = 2 assumes it)",
-        ),
-    ],
-    summary="cross-entropy + λ·weighted MMCE, Laplacian kernel width 0.4 (Kumar et al. 2018)",
-    module=__name__,
-)
+
+
+class MMCELoss(CalibrationLoss, name="mmce", function=F.mmce_loss, params=_MMCE_PARAMS):
+    """cross-entropy + λ·weighted MMCE, Laplacian kernel width 0.4 (Kumar et al. 2018)"""

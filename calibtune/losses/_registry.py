@@ -1,10 +1,11 @@
 """The loss registry: every training objective by name, with its declared hyperparameters.
 
 Entries are added by ``register_loss``: as the decorator of the `CalibrationLoss` subclasses that
-write their own ``forward`` (``_modules.py``, ``_adafocal.py``), and through
-`calibtune.losses._base.function_loss` for those that are a pure function and its declared
-hyperparameters (``_modules.py``, ``_regularized_modules.py``); ``calibtune.losses`` imports those
-modules, so the registry is complete as soon as the package is imported.
+write their own ``forward`` (``_modules.py``, ``_adafocal.py``), and by the subclasses that are a
+pure function and its declared hyperparameters (``class FocalLoss(CalibrationLoss, name="focal",
+function=F.focal_loss)``, see `CalibrationLoss.__init_subclass__`; ``_modules.py``,
+``_regularized_modules.py``); ``calibtune.losses`` imports those modules, so the registry is
+complete as soon as the package is imported.
 """
 
 from __future__ import annotations
