@@ -22,7 +22,14 @@ from calibtune.study._config import StudyConfig
 from calibtune.study._display import clear_line, live_display
 from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
-from calibtune.study._tracking import PARENT, TAG_STATUS, TAG_TRIAL, close_run, find_runs
+from calibtune.study._tracking import (
+    PARENT,
+    TAG_STATUS,
+    TAG_TRIAL,
+    close_run,
+    find_runs,
+    render_deferred_figures,
+)
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
 
@@ -70,6 +77,7 @@ class SummaryWorker:
 
 
 _WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (driver process)
+_FIGURES: dict[str, Callable[[], None]] = {}  # study name -> render its trials' deferred figures
 _GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
 
 
@@ -79,12 +87,20 @@ def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> Summa
     return _WORKERS.setdefault(parent_run_id, SummaryWorker(refresh))
 
 
+def _register_figures(study_name: str, render: Callable[[], None]) -> None:
+    _FIGURES[study_name] = render  # (a function in the closure: see `_worker`)
+
+
 def drain_summaries() -> None:
     """Wait for every study's summary refreshes in this process (a resumed study's callbacks
     may still name the parent run its first session had), then forget the workers: a later
-    study in this process (a `resume` of the same parent run) gets its own."""
+    study in this process (a `resume` of the same parent run) gets its own. Then render the
+    trial figures still deferred (`render_deferred_figures`; a resumed study's too, left by a
+    driver that died first), so that every finished trial's run has them when the study ends."""
     while _WORKERS:
         _WORKERS.popitem()[1].drain()
+    while _FIGURES:
+        _FIGURES.popitem()[1]()
 
 
 def _record_guard(storage: Path, message: str) -> str:
@@ -136,8 +152,17 @@ def study_callbacks(
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
 
+    def figures() -> None:
+        """The trial figures the ended trials left to the driver (one thread at a time)."""
+        try:
+            render_deferred_figures(payload.tracking_uri, payload.experiment_id, study.name)
+        except Exception as exc:  # left tagged: the next refresh or the study's end redoes it
+            print(f"[calibtune] warning: trial figures not rendered ({exc!r:.200})", flush=True)
+
     def refresh(batch: list[Ended]) -> None:
-        """Record the ended trials in the Optuna storage, then refresh the parent run."""
+        """Render the ended trials' figures, record the trials in the Optuna storage, then
+        refresh the parent run."""
+        figures()
         warning = refresh_summary(
             study,
             payload.tracking_uri,
@@ -168,6 +193,10 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             self.done = 0
             self.failed = 0
             self.best: float | None = None
+
+        def setup(self, **info):  # type: ignore[override]
+            # at every `Tuner.fit`, a resumed one's too: the study's end renders what is left
+            _register_figures(study.name, figures)
 
         def _running(self, trials: list[Any], trial: Any) -> int:
             return sum(1 for t in trials if t.status == "RUNNING" and t is not trial)

@@ -159,6 +159,8 @@ def _seed_run(
                     run_id,  # type: ignore[arg-type]
                     cfg.eval.log_adaptive_bins,
                     background=True,
+                    # the driver draws them after Tune has the result (`render_deferred_figures`)
+                    figures_for=study.name if cfg.eval.figures else None,
                 )
             ],
             storage_path=payload.trials_dir,
