@@ -154,10 +154,14 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
 
     def figures() -> None:
         """The trial figures the ended trials left to the driver (one thread at a time)."""
+        if not draws:
+            return
         try:
             render_deferred_figures(payload.tracking_uri, payload.experiment_id, study.name)
         except Exception as exc:  # left tagged: the next refresh or the study's end redoes it
             print(f"[calibtune] warning: trial figures not rendered ({exc!r:.200})", flush=True)
+
+    draws = study.base_config().eval.figures  # else no trial defers any (`_trainable`)
 
     def refresh(batch: list[Ended]) -> None:
         """Render the ended trials' figures, record the trials in the Optuna storage, then
