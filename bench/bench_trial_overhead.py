@@ -61,6 +61,7 @@ class _Timed:
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.epoch_s, self.end_s = inner, 0.0, 0.0
+        self.defers_figures = inner.defers_figures  # the trial asks its callbacks
 
     def on_start(self, history: Any) -> None:
         self.inner.on_start(history)
