@@ -21,7 +21,8 @@
    (AURC/AUGRC/refinement NLL: computed every epoch only when a study names one).
 
 Usage: python bench/bench_trial_overhead.py [--quick]
-    [--skip-trial|--skip-quickstart|--skip-study|--skip-epoch-metrics] [--trial-runs N]
+    [--skip-trial|--skip-quickstart|--skip-study|--skip-epoch-metrics|--skip-study-figures]
+    [--trial-runs N]
     [--quickstart-baseline CHECKOUT --quickstart-rounds N]
 (--quick: 3 epochs and a 4-trial study, for a smoke run.)
 """
@@ -167,6 +168,38 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 5) -> list[dict[s
             }
         )
     return out
+
+
+def bench_study_figures(reps: int = 5) -> dict[str, float]:
+    """The parent run's study figures for an 8-trial, 10-parameter study (as the quickstart's),
+    drawn and saved with their fixed margins vs with ``tight_layout`` added (what they had),
+    alternated; medians."""
+    import io
+
+    import numpy as np
+
+    from calibtune.plots import _study as P
+
+    rng = np.random.default_rng(0)
+    params = {f"loss.p{i}": rng.uniform(0, 5, 8).tolist() for i in range(9)}
+    params["loss.update_every"] = ["epoch", "10"] * 4
+    series = {m: rng.uniform(0.01, 0.1, 8).tolist() for m in ("val/ece", "val/ece@ts")}
+    imp = {f"adafocal/param_{i}": float(v) for i, v in enumerate(rng.dirichlet(np.ones(10)))}
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(reps):
+        for tight in (False, True):
+            t0 = time.perf_counter()
+            for fig in (
+                P.plot_objective_history(series["val/ece@ts"], "val/ece@ts", "min"),
+                P.plot_metric_vs_params(params, series),
+                P.plot_importances(imp),
+            ):
+                if tight:
+                    fig.tight_layout()
+                fig.savefig(io.BytesIO(), format="png", dpi=100)
+            times[tight].append(time.perf_counter() - t0)
+    fixed, tight = sorted(times[False])[reps // 2], sorted(times[True])[reps // 2]
+    return {"fixed_s": fixed, "tight_s": tight, "ratio": tight / fixed}
 
 
 def bench_epoch_metrics(n: int = 5000, k: int = 100, reps: int = 5) -> dict[str, float]:
@@ -322,6 +355,7 @@ def main() -> None:
     ap.add_argument("--skip-study", action="store_true")
     ap.add_argument("--skip-quickstart", action="store_true")
     ap.add_argument("--skip-epoch-metrics", action="store_true")
+    ap.add_argument("--skip-study-figures", action="store_true")
     ap.add_argument("--trial-runs", type=int, default=5, help="cold, then drawn/deferred")
     ap.add_argument("--quickstart-rounds", type=int, default=1)
     ap.add_argument(
@@ -342,6 +376,8 @@ def main() -> None:
         tmp = Path(d)
         if not args.skip_epoch_metrics:
             out["epoch_metrics"] = bench_epoch_metrics()
+        if not args.skip_study_figures:
+            out["study_figures"] = bench_study_figures()
         trial = [] if args.skip_trial else bench_trial(tmp, args.loss, epochs, args.trial_runs)
         out["trial"] = trial
         if not args.skip_quickstart:
@@ -375,6 +411,13 @@ def main() -> None:
             f"val metrics of one epoch at 5000x100 (median of 5, alternated): "
             f"{e['plain_s']:.3f}s, with AURC/AUGRC/refinement NLL {e['selective_s']:.3f}s "
             f"(x{e['ratio']:.1f})"
+        )
+    if "study_figures" in out:
+        f = out["study_figures"]
+        print(
+            f"study figures (objective, ECE vs 10 parameters, importances; median of 5, "
+            f"alternated): fixed margins {f['fixed_s']:.2f}s, with tight_layout "
+            f"{f['tight_s']:.2f}s (x{f['ratio']:.2f})"
         )
     for q in out.get("quickstart", []):
         print(
