@@ -2,9 +2,10 @@
 Tune's view of each trial, and a storage guard that stops the study before the disk is full.
 
 The parent run's summary is refreshed off Tune's event loop (`SummaryWorker`), so that a
-finished trial's slot is refilled at once. What `run_study` reads back after ``Tuner.fit``
-(`drain_summaries`, `guard_message`) is kept per study in this module, not on the callback
-objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
+finished trial's slot is refilled at once; the same thread first draws the figures the ended
+trials left to the driver (`render_deferred_figures`). What `run_study` reads back after
+``Tuner.fit`` (`drain_summaries`, `guard_message`) is kept per study in this module, not on the
+callback objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
 """
 
 from __future__ import annotations
