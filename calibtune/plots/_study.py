@@ -3,6 +3,9 @@
 Inputs are plain arrays taken from the comparison frame (one row per ended trial, in start
 order): objective values, searched hyperparameters, validation ECE before/after temperature
 scaling, and Optuna's parameter importances.
+
+Fixed margins (`calibtune.plots._layout`), no ``tight_layout``: its second text-layout pass was
+about half of each refresh of the parent run's summary (issue 13, bench/README.md).
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from typing import Any
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from calibtune.plots._layout import TITLE_Y, margins
 
 __all__ = [
     "param_positions",
@@ -68,7 +73,7 @@ def plot_objective_history(values: Sequence[float], objective: str, mode: str) -
     ax.set_xlabel("trial (start order)")
     ax.set_ylabel(objective)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    margins(fig, left=0.9, bottom=0.5, top=0.15)
     return fig
 
 
@@ -80,8 +85,9 @@ def plot_metric_vs_params(
     names = list(params) or ["(no searched parameters)"]
     fig = _figure((3.2 * len(names), 3))
     axes = fig.subplots(1, len(names), squeeze=False)
+    longest = 0  # characters of the longest categorical tick label (rotated 30°)
     for ax, name in zip(axes[0], names, strict=True):
-        ax.set_title(name, fontsize=9)
+        ax.set_title(name, fontsize=9, y=TITLE_Y)
         if name not in params:
             continue
         x, labels = param_positions(params[name])
@@ -89,8 +95,10 @@ def plot_metric_vs_params(
             ax.plot(x, np.asarray(y, float), "o^"[i % 2], alpha=0.7, label=label)
         if labels is not None:
             ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
+            longest = max([longest, *map(len, labels)])
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    # 7 pt labels at 30°: about 0.05 in per character, half of it vertical
+    margins(fig, left=0.6, bottom=0.3 + 0.03 * longest, top=0.3, wspace=0.3)
     return fig
 
 
@@ -107,16 +115,19 @@ def plot_pareto(values: Any, mask: Any, names: Sequence[str]) -> Figure:
     ax.set_xlabel(names[0])
     ax.set_ylabel(names[1])
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    margins(fig, left=0.9, bottom=0.5, top=0.15)
     return fig
 
 
 def plot_importances(importances: Mapping[str, float]) -> Figure:
     """Horizontal bars of Optuna's parameter importances (largest on top)."""
     items = sorted(importances.items(), key=lambda kv: kv[1])
-    fig = _figure((5, 0.4 * len(items) + 1))
+    # room for the longest parameter name at 10 pt (about 0.075 in per character), and axes
+    # as wide as the axis label's second line
+    left = 0.2 + 0.075 * max((len(k) for k, _ in items), default=4)
+    fig = _figure((max(5.0, left + 3.7), 0.4 * len(items) + 1))
     ax = fig.subplots()
     ax.barh([k for k, _ in items], [v for _, v in items], color="C0")
-    ax.set_xlabel("importance (optuna.importance.get_param_importances)")
-    fig.tight_layout()
+    ax.set_xlabel("importance\n(optuna.importance.get_param_importances)")
+    margins(fig, left=left, bottom=0.7, top=0.15)
     return fig

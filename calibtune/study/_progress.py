@@ -2,9 +2,10 @@
 Tune's view of each trial, and a storage guard that stops the study before the disk is full.
 
 The parent run's summary is refreshed off Tune's event loop (`SummaryWorker`), so that a
-finished trial's slot is refilled at once. What `run_study` reads back after ``Tuner.fit``
-(`drain_summaries`, `guard_message`) is kept per study in this module, not on the callback
-objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
+finished trial's slot is refilled at once; the same thread first draws the figures the ended
+trials left to the driver (`render_deferred_figures`). What `run_study` reads back after
+``Tuner.fit`` (`drain_summaries`, `guard_message`) is kept per study in this module, not on the
+callback objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
 """
 
 from __future__ import annotations
@@ -22,7 +23,14 @@ from calibtune.study._config import StudyConfig
 from calibtune.study._display import clear_line, live_display
 from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
-from calibtune.study._tracking import PARENT, TAG_STATUS, TAG_TRIAL, close_run, find_runs
+from calibtune.study._tracking import (
+    PARENT,
+    TAG_STATUS,
+    TAG_TRIAL,
+    close_run,
+    find_runs,
+    render_deferred_figures,
+)
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
 
@@ -70,6 +78,7 @@ class SummaryWorker:
 
 
 _WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (driver process)
+_FIGURES: dict[str, Callable[[], None]] = {}  # study name -> render its trials' deferred figures
 _GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
 
 
@@ -79,12 +88,20 @@ def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> Summa
     return _WORKERS.setdefault(parent_run_id, SummaryWorker(refresh))
 
 
+def _register_figures(study_name: str, render: Callable[[], None]) -> None:
+    _FIGURES[study_name] = render  # (a function in the closure: see `_worker`)
+
+
 def drain_summaries() -> None:
     """Wait for every study's summary refreshes in this process (a resumed study's callbacks
     may still name the parent run its first session had), then forget the workers: a later
-    study in this process (a `resume` of the same parent run) gets its own."""
+    study in this process (a `resume` of the same parent run) gets its own. Then render the
+    trial figures still deferred (`render_deferred_figures`; a resumed study's too, left by a
+    driver that died first), so that every finished trial's run has them when the study ends."""
     while _WORKERS:
         _WORKERS.popitem()[1].drain()
+    while _FIGURES:
+        _FIGURES.popitem()[1]()
 
 
 def _record_guard(storage: Path, message: str) -> str:
@@ -136,8 +153,21 @@ def study_callbacks(
 def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
     from ray.tune import Callback
 
+    def figures() -> None:
+        """The trial figures the ended trials left to the driver (one thread at a time)."""
+        if not draws:
+            return
+        try:
+            render_deferred_figures(payload.tracking_uri, payload.experiment_id, study.name)
+        except Exception as exc:  # left tagged: the next refresh or the study's end redoes it
+            print(f"[calibtune] warning: trial figures not rendered ({exc!r:.200})", flush=True)
+
+    draws = study.base_config().eval.figures  # else no trial defers any (`_trainable`)
+
     def refresh(batch: list[Ended]) -> None:
-        """Record the ended trials in the Optuna storage, then refresh the parent run."""
+        """Render the ended trials' figures, record the trials in the Optuna storage, then
+        refresh the parent run."""
+        figures()
         warning = refresh_summary(
             study,
             payload.tracking_uri,
@@ -168,6 +198,10 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             self.done = 0
             self.failed = 0
             self.best: float | None = None
+
+        def setup(self, **info):  # type: ignore[override]
+            # at every `Tuner.fit`, a resumed one's too: the study's end renders what is left
+            _register_figures(study.name, figures)
 
         def _running(self, trials: list[Any], trial: Any) -> int:
             return sum(1 for t in trials if t.status == "RUNNING" and t is not trial)

@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +38,8 @@ TAG_STATUS = "calibtune.status"
 TAG_LOSS = "calibtune.loss"
 TAG_HASH = "calibtune.file_hash"
 TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
+TAG_FIGURES = "calibtune.figures_pending"  # study name: its driver renders this run's figures
+TAG_ARTIFACTS = "calibtune.artifacts_dir"  # where the trial wrote its artifacts (its machine)
 PARENT = "mlflow.parentRunId"
 
 
@@ -304,7 +307,9 @@ class MlflowTrialCallback:
     series stand for them (``history.jsonl`` keeps the lists). `on_start` logs the
     epochs a resumed trial restored from its checkpoint but never logged (killed between the
     checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
-    an older checkpoint); `on_trial_end` logs only final metrics not there yet.
+    an older checkpoint); `on_trial_end` logs only final metrics not there yet. With
+    ``figures_for`` (a study's name) the trial leaves its figures to that study's driver
+    (`defers_figures`; `render_deferred_figures`).
     Picklable (it travels to the Ray Train worker); the client is created on use.
 
     ``background=True`` (what a study uses) sends each epoch's batch from a thread while the next
@@ -315,15 +320,27 @@ class MlflowTrialCallback:
     """
 
     def __init__(
-        self, uri: str, run_id: str, log_bins: bool = False, background: bool = False
+        self,
+        uri: str,
+        run_id: str,
+        log_bins: bool = False,
+        background: bool = False,
+        figures_for: str | None = None,
     ) -> None:
         self.uri = uri
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self.background = background
+        self.figures_for = figures_for  # the study whose driver renders the figures
         self._logged: set[int] | None = None
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    @property
+    def defers_figures(self) -> bool:
+        """The trial skips its figures (`calibtune.trial._worker`): `on_trial_end` tags the run
+        and the study's driver renders them (`render_deferred_figures`)."""
+        return self.figures_for is not None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_pending": None}  # a thread does not pickle
@@ -394,6 +411,50 @@ class MlflowTrialCallback:
                     client.log_artifacts(self.run_id, str(item), artifact_path=item.name)
                 else:
                     client.log_artifact(self.run_id, str(item))
+        if self.figures_for is not None and artifacts_dir:  # after the data files, all there
+            from mlflow.entities import RunTag
+
+            art = Path(artifacts_dir).resolve()
+            tags = [RunTag(TAG_FIGURES, self.figures_for), RunTag(TAG_ARTIFACTS, str(art))]
+            client.log_batch(self.run_id, tags=tags, synchronous=True)
+
+
+#: the artifact files the trial figures are drawn from (`calibtune.plots.save_trial_figures`)
+FIGURE_DATA = (
+    "reliability.json",
+    "gamma_history.json",
+    "roc.json",
+    "shift.json",
+    "risk_coverage.json",
+)
+
+
+def render_deferred_figures(uri: str, exp_id: str, study_name: str) -> int:
+    """Render and log the figures of every run of ``study_name`` whose trial deferred them
+    (tagged `TAG_FIGURES` by `MlflowTrialCallback.on_trial_end`); returns how many runs.
+
+    The figures go to the trial's artifacts folder when this machine has it (the files a
+    trial that rendered them itself leaves), else they are drawn from the run's logged data
+    files. The tag is removed only after the figures are logged: a driver killed in between
+    leaves it for the next call (a resumed study's), which logs the same files again over
+    them, so each run ends with one copy of each figure."""
+    from calibtune.plots import save_trial_figures
+
+    client = _client(uri)
+    runs = find_runs(uri, exp_id, f"tags.`{TAG_FIGURES}` = '{study_name}'")
+    for run in runs:
+        run_id, art = run.info.run_id, Path(run.data.tags.get(TAG_ARTIFACTS) or "-")
+        with tempfile.TemporaryDirectory(prefix="calibtune-figures-") as tmp:
+            if not art.is_absolute() or not (art / "metrics.json").is_file():  # another machine
+                art = Path(tmp)
+                logged = {a.path for a in client.list_artifacts(run_id)}
+                for name in FIGURE_DATA:
+                    if name in logged:
+                        client.download_artifacts(run_id, name, tmp)
+            save_trial_figures(art)
+            client.log_artifacts(run_id, str(art / "figures"), artifact_path="figures")
+        client.delete_tag(run_id, TAG_FIGURES)
+    return len(runs)
 
 
 def child_statuses(uri: str, exp_id: str, parent_run_id: str) -> dict[str, str]:

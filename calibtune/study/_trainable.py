@@ -151,6 +151,7 @@ def _seed_run(
         run_id = seed_run.open(params={**hp, "seed": seed}, tags={TAG_LOSS: hp["loss"]})
     try:
         cfg = T.config_from_dict(trial_dict(study, config, seed, name))
+        draws = study.base_config().eval.figures
         res = T.run(
             cfg,
             callbacks=[
@@ -159,6 +160,9 @@ def _seed_run(
                     run_id,  # type: ignore[arg-type]
                     cfg.eval.log_adaptive_bins,
                     background=True,
+                    # the driver draws them after Tune has the result (`render_deferred_figures`;
+                    # it looks for them when the study's own trial config draws figures)
+                    figures_for=study.name if cfg.eval.figures and draws else None,
                 )
             ],
             storage_path=payload.trials_dir,

@@ -51,8 +51,11 @@ def write_artifacts(
     history: list[dict[str, Any]],
     gamma_history: list[Any],
     logits: dict[str, torch.Tensor],
+    figures: bool = True,
 ) -> None:
-    """Write every artifact file, then (``eval.figures``) the figures made from them."""
+    """Write every artifact file, then (``eval.figures`` and ``figures``) the figures made from
+    them; ``figures=False`` when a callback has them rendered elsewhere (a study's driver:
+    `calibtune.study._tracking.render_deferred_figures`)."""
     from calibtune.plots import save_trial_figures
 
     shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them
@@ -76,5 +79,5 @@ def write_artifacts(
     torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
     # per-sample test confidence/correctness per method: what `report --baseline` resamples
     np.savez_compressed(art / "test_predictions.npz", **final.predictions)
-    if cfg.eval.figures:
+    if cfg.eval.figures and figures:
         save_trial_figures(art)

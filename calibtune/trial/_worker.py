@@ -10,7 +10,9 @@
    a killed driver from losing a logged epoch (a study's MLflow callback sends the batch from a
    thread while the next epoch trains; see `calibtune.study._tracking.MlflowTrialCallback`);
 4. **finalize** — rank 0 fits the post-hoc methods on the cached validation logits, scores test
-   and OOD sets, writes the artifacts and hands the final metrics to the callbacks (`_finalize`).
+   and OOD sets, writes the artifacts and hands the final metrics to the callbacks (`_finalize`);
+   the figures too, unless a callback ``defers_figures`` (a study's: its driver renders them
+   after Tune has the result, so the trial's CPU or GPU goes to the next trial at once).
 
 The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``, default
 1), never from the machine, so its numbers do not depend on where it runs; every rank checkpoints
@@ -339,6 +341,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         history=t.history,
         gamma_history=list(getattr(t.loss_fn, "history", []) or []),
         logits={"val_logits": val, "val_labels": val_y, "test_logits": test, "test_labels": test_y},
+        figures=not any(getattr(cb, "defers_figures", False) for cb in t.callbacks),
     )
     for cb in t.callbacks:
         cb.on_trial_end(final.metrics, art)
