@@ -239,6 +239,10 @@ def test_interrupted_study_resumes_without_duplicates(tmp_path):
     assert len(parents) == 1  # the restored study wrote to the same parent run
     allruns = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
     assert len(allruns) == 4  # no duplicate child runs
+    for run in allruns:  # the driver drew every trial's figures, those of the stopped one too
+        assert "calibtune.figures_pending" not in run.data.tags, run.info.run_name
+        figs = {a.path for a in client.list_artifacts(run.info.run_id, "figures")}
+        assert "figures/reliability.png" in figs, (run.info.run_name, figs)
     state = json.loads((tmp_path / "studies" / "e2e_resume" / "calibtune_study.json").read_text())
     assert state["parent_run_id"] == parents[0].info.run_id
     import optuna
