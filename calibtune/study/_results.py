@@ -411,21 +411,7 @@ def export_best(
     feasible_note = f" among the trials that meet {rules}" if rules else ""
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         run_id = row["run_id"]
-        seed_runs = find_runs(ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{run_id}'")
-        source = (
-            sorted(seed_runs, key=lambda r: r.info.start_time)[0].info.run_id
-            if seed_runs
-            else run_id
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                local = client.download_artifacts(source, "config.yaml", tmp)
-            except Exception as exc:
-                raise ValueError(
-                    f"trial {row['trial_id']}: expected a logged config.yaml artifact, "
-                    f"found none ({exc})"
-                ) from None
-            cfg = yaml.safe_load(Path(local).read_text())
+        cfg = _logged_config(client, ref, row)
         name = f"{ref.name}-{row['loss_label']}-top{rank}"
         cfg["name"] = name
         cfg.pop("storage_path", None)
@@ -443,6 +429,35 @@ def export_best(
         shutil.move(str(tmp_target), target)
         written.append(target)
     return written
+
+
+def _logged_config(client: Any, ref: StudyRef, row: pd.Series) -> dict[str, Any]:
+    """The trial's logged ``config.yaml`` (its first seed run's when the study has seeds)."""
+    from mlflow.artifacts import download_artifacts
+
+    seed_runs = find_runs(
+        ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{row['run_id']}'"
+    )
+    source = (
+        min(seed_runs, key=lambda r: r.info.start_time)
+        if seed_runs
+        else client.get_run(row["run_id"])
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            # by the run's artifact URI: `client.download_artifacts(run_id, ...)` would look the
+            # run up twice more and search it for logged models
+            local = download_artifacts(
+                f"{source.info.artifact_uri}/config.yaml",
+                dst_path=tmp,
+                tracking_uri=ref.tracking_uri,
+            )
+        except Exception as exc:
+            raise ValueError(
+                f"trial {row['trial_id']}: expected a logged config.yaml artifact, "
+                f"found none ({' '.join(str(exc).split())[:400]})"
+            ) from None
+        return yaml.safe_load(Path(local).read_text())
 
 
 def _provenance(
