@@ -1,4 +1,5 @@
-"""Lazy re-exports for package ``__init__`` modules (PEP 562).
+"""Start-up helpers: lazy re-exports for package ``__init__`` modules (PEP 562) and
+`gc_paused` for one-shot commands.
 
 A package whose public names live in heavy submodules (torch, Ray, MLflow) declares them here
 instead of importing them: ``calibtune.study.StudyDir`` still works, but importing the package —
