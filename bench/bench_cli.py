@@ -8,8 +8,9 @@ Per round the cases run one after another (alternating, so load drifts hit them 
 Printed: the median wall and CPU time of each; its ratio to the floors (a bare
 ``python -c pass``; for the commands that read MLflow, ``import mlflow.tracking`` and an MLflow
 client opening the study's store — MLflow's own import and SQL store set-up, which the reading
-commands cannot avoid); with ``--against``, its ratio to the same command run from another
-checkout (e.g. ``git worktree add /tmp/old <rev>``). Last, the import-time top list of each
+commands cannot avoid — also with the cyclic garbage collector paused, as the reading commands
+run); with ``--against``, its ratio to the same command run from another checkout (e.g.
+``git archive REV calibtune | tar -x -C /tmp/old``). Last, the import-time top list of each
 command (``python -X importtime``: self time summed per top-level package). Without a finished
 study only ``--help`` is timed (run ``make quickstart`` first).
 """
@@ -34,6 +35,8 @@ STORE_CODE = (
     "from mlflow.tracking import MlflowClient; "
     "MlflowClient(tracking_uri={uri!r}).search_experiments(max_results=1)"
 )
+#: the same with the collector paused, as compare/report/export run (`calibtune._lazy.gc_paused`)
+PAUSED_FLOOR = f"{STORE_FLOOR}, GC paused"
 FLOORS = {
     "python -c pass": ["-c", "pass"],
     "import mlflow.tracking": ["-c", "import mlflow.tracking"],
@@ -94,7 +97,7 @@ def main() -> int:
     study = args.study if (Path(args.storage) / args.study).is_dir() else None
     if study is None:
         print(f"no study {args.study!r} under {args.storage}: timing --help only")
-    print(f"load average before: {os.getloadavg()}")
+    print(f"load average before: {os.getloadavg()} ({time.strftime('%Y-%m-%d %H:%M:%S %Z')})")
     with tempfile.TemporaryDirectory() as tmp:
         cwd = Path(tmp)
         cmds = _commands(study, args.storage, str(cwd / "exported"))
@@ -102,6 +105,8 @@ def main() -> int:
         if study:  # MLflow's client opening the study's store: the reading commands' own floor
             uri = json.loads((Path(args.storage) / study / "calibtune_study.json").read_text())
             floors[STORE_FLOOR] = ["-c", STORE_CODE.format(uri=uri["tracking_uri"])]
+            paused = "import gc; gc.disable(); " + STORE_CODE.format(uri=uri["tracking_uri"])
+            floors[PAUSED_FLOOR] = ["-c", paused]
         cases = {f"floor: {k}": (v, ROOT) for k, v in floors.items()}
         for name, argv in cmds.items():
             cases[name] = (["-m", "calibtune", *argv], ROOT)
@@ -126,6 +131,7 @@ def main() -> int:
             if name != "--help":
                 line += f"   {med[name] / mlflow:4.2f}× import mlflow.tracking"
                 line += f"   CPU {cpu[name] / cpu[f'floor: {STORE_FLOOR}']:4.2f}× MLflow client"
+                line += f" ({cpu[name] / cpu[f'floor: {PAUSED_FLOOR}']:4.2f}× GC paused)"
             if args.against:
                 line += f"   {med[f'{name} (against)'] / med[name]:5.1f}× faster than --against"
             print(line)

@@ -50,12 +50,15 @@ class OneOf:
 @dataclass(frozen=True)
 class Command:
     """A subcommand: its one-line ``help``, its handler (``Namespace -> exit code``), its
-    arguments in order, and the longer ``description`` of its own ``--help``."""
+    arguments in order, and the longer ``description`` of its own ``--help``. ``one_shot``:
+    it reads, prints and ends (compare, report, export), so it runs with the cyclic garbage
+    collector paused (`calibtune._lazy.gc_paused`); never for a command that keeps running."""
 
     help: str
     run: Callable[[argparse.Namespace], int]
     args: tuple[Arg | OneOf, ...] = ()
     description: str | None = None
+    one_shot: bool = False
 
 
 def add_commands(sub: Any, commands: Mapping[str, Command]) -> None:

@@ -7,6 +7,7 @@ resume, status, logs, compare, report, export and ui (`calibtune.study._cli`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune._commands import Command, OneOf, add_commands, arg
+from calibtune._lazy import gc_paused
 from calibtune._provenance import installed_versions, read_provenance, version_drift
 from calibtune._usage import UsageError, bad_input_message
 from calibtune.metrics import keys as K
@@ -238,8 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # named by the subcommand's parser: "calibtune run: error: unrecognized ..."
         sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
+    one_shot = SUBCOMMANDS[args.command].one_shot
     try:
-        return int(args.func(args))
+        with gc_paused() if one_shot else contextlib.nullcontext():
+            return int(args.func(args))
     except UsageError as e:
         print(f"calibtune {args.command}: error: {e}".replace("\n", " "), file=sys.stderr)
         return 2

@@ -59,9 +59,10 @@ def test_help_of_every_subcommand_imports_nothing_heavy(tmp_path: Path) -> None:
     assert _heavy_after(argvs, PARSING_FORBIDDEN, tmp_path) == []
 
 
-def _finished_study(root: Path) -> tuple[Path, str]:
+def _finished_study(root: Path, config: bool = True) -> tuple[Path, str]:
     """A study written the way calibtune writes one (parent run with the versions it recorded,
-    state file, study copy) with one finished trial holding metrics and its config.yaml."""
+    state file, study copy) with one finished trial holding metrics and its config.yaml (unless
+    not ``config``) and one failed trial that logged ``val/nll`` before it failed."""
     from calibtune._provenance import installed_versions
     from calibtune.study import StudyDir, load_study
     from calibtune.study._studydir import StudyState
@@ -86,8 +87,17 @@ def _finished_study(root: Path) -> tuple[Path, str]:
     run_id = child.open({"loss": "cross_entropy", "loss_label": "cross_entropy"}, {})
     metrics = {"val/ece": 0.05, "test/error": 0.1, "test/ece": 0.06, "test/ece@ts": 0.02}
     log_metrics(uri, run_id, {**metrics, "posthoc/ts/T": 1.5})
-    _client(uri).log_text(run_id, yaml.safe_dump({"name": "t", **study["trial"]}), "config.yaml")
+    if config:
+        trial = yaml.safe_dump({"name": "t", **study["trial"]})
+        _client(uri).log_text(run_id, trial, "config.yaml")
     child.close("finished")
+    failed = ChildRun(uri, parent.experiment_id, parent.run_id, "t0002", "fast_t0002")
+    log_metrics(
+        uri,
+        failed.open({"loss": "cross_entropy", "loss_label": "cross_entropy"}, {}),
+        {"val/nll": 0.3},
+    )
+    failed.fail("diverged")
     return sd.path, run_id
 
 
@@ -127,3 +137,90 @@ def test_read_head_takes_name_and_objectives_without_validating_the_rest(tmp_pat
     copy.write_text(yaml.safe_dump({"name": "fast", "search": {"objectives": ["test/ece"]}}))
     with pytest.raises(StudyError, match=r"objectives\[0\]\.metric: expected a validation metric"):
         sd.read_head()
+
+
+def test_gc_paused_pauses_the_collector_and_freezes_what_the_block_left() -> None:
+    import gc
+
+    from calibtune._lazy import gc_paused
+
+    before = gc.get_freeze_count()
+    try:
+        with gc_paused():
+            assert not gc.isenabled()
+            kept = [[i] for i in range(1000)]  # tracked containers made inside the block
+        assert gc.isenabled()
+        assert gc.get_freeze_count() >= before + len(kept)
+        gc.disable()  # a caller that had it off gets it back off
+        with gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+def test_only_the_one_shot_commands_run_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+    import gc
+
+    from calibtune import cli
+
+    one_shot = {name for name, c in cli.SUBCOMMANDS.items() if c.one_shot}
+    assert one_shot == {"compare", "report", "export"}
+    seen: dict[str, bool] = {}
+    for name in ("compare", "train"):  # the handler sees the collector off only if one-shot
+        probe = dataclasses.replace(
+            cli.SUBCOMMANDS[name], run=lambda args: seen.setdefault(args.command, gc.isenabled())
+        )
+        monkeypatch.setitem(cli.SUBCOMMANDS, name, probe)
+    try:
+        assert cli.main(["compare", "x"]) == 0  # the probe returns False: exit code 0
+        assert cli.main(["train", "x.yaml"]) == 1
+    finally:
+        gc.unfreeze()
+    assert seen == {"compare": False, "train": True}
+    assert gc.isenabled()
+
+
+@pytest.mark.timeout(300)
+def test_tables_from_the_commands_one_query_equal_the_tables_read_alone(tmp_path: Path) -> None:
+    """compare/report/export read the trials once and hand them to every table; the tables (and
+    export's refusals) are those each function reads on its own (the failed trial included)."""
+    from calibtune.study._results import (
+        best_trials,
+        compare_table,
+        locate_study,
+        report_table,
+        trials_frame,
+    )
+
+    study, run_id = _finished_study(tmp_path)
+    ref = locate_study(study)
+    trials = trials_frame(ref, include_unfinished=True)
+    assert sorted(trials["status"]) == ["failed", "finished"]
+    assert compare_table(ref, trials=trials).equals(compare_table(ref))
+    assert report_table(ref, trials=trials).equals(report_table(ref))
+    assert list(best_trials(ref, trials=trials)["run_id"]) == [run_id]
+    for shared in (None, trials):  # val/nll: logged by the failed trial only
+        with pytest.raises(ValueError, match="expected a metric the finished trials logged"):
+            best_trials(ref, "val/nll", trials=shared)
+
+
+@pytest.mark.timeout(300)
+def test_export_of_a_trial_without_its_config_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from calibtune.cli import main
+
+    study, _ = _finished_study(tmp_path, config=False)
+    capsys.readouterr()  # MLflow's log lines from making the store
+    assert main(["export", str(study), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "calibtune export: error: trial t0001: expected a logged config.yaml artifact, found none"
+    )
+    assert "No such artifact: 'config.yaml'" in err
+    assert len(err.strip().splitlines()) == 1

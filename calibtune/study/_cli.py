@@ -169,9 +169,10 @@ def _cmd_resume(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------- tables
 
 
-def _finished_study(args: argparse.Namespace) -> Any:
-    """The `StudyRef` of compare/report/export: its tracking store checked (exists, answers)
-    and holding at least one finished trial; else a one-line ValueError."""
+def _finished_study(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The `StudyRef` of compare/report/export and its trials (`trials_frame`, unfinished ones
+    included: the command's one MLflow query): its tracking store checked (exists, answers) and
+    holding at least one finished trial; else a one-line ValueError."""
     from calibtune.study._results import locate_study, trials_frame
 
     if args.tracking_uri:
@@ -185,16 +186,16 @@ def _finished_study(args: argparse.Namespace) -> Any:
     if not counts.get("finished"):
         seen = ", ".join(f"{n} {status}" for status, n in sorted(counts.items())) or "no trials"
         raise ValueError(f"study {ref.name}: expected finished trials, found none yet ({seen})")
-    return ref
+    return ref, trials
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from calibtune.study._results import compare_table, format_table
 
     with usage():
-        ref = _finished_study(args)
+        ref, trials = _finished_study(args)
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
-        table = compare_table(ref, metrics, args.sort)
+        table = compare_table(ref, metrics, args.sort, trials=trials)
     print(format_table(table, args.format), end="")
     return 0
 
@@ -204,13 +205,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     with usage():
         out = check_out_file(args.out, "--out") if args.out else None
-        ref = _finished_study(args)
+        ref, trials = _finished_study(args)
         if args.baseline is not None:
             from calibtune.study._paired import paired_table
 
             table = paired_table(ref, args.baseline)
         else:
-            table = report_table(ref)
+            table = report_table(ref, trials=trials)
         if table.empty:  # finished trials, but none reported the objective
             raise ValueError(
                 f"study {ref.name}: expected a finished trial that reported "
@@ -234,7 +235,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
         if args.top < 1:
             raise ValueError(f"--top: expected an integer >= 1, got {args.top}")
         check_dir(args.out, "--out", min_free=0)
-        paths = export_best(_finished_study(args), args.out, args.top, args.metric)
+        ref, trials = _finished_study(args)
+        paths = export_best(ref, args.out, args.top, args.metric, trials=trials)
     for path in paths:
         print(path)
     return 0
@@ -442,6 +444,7 @@ COMMANDS: dict[str, Command] = {
             TRACKING,
         ),
         "One row per finished trial: its loss, hyperparameters and metrics.",
+        one_shot=True,
     ),
     "report": Command(
         "the papers' table: per loss, error and ECE pre/post TS, focal TS, OOD AUROC",
@@ -462,6 +465,7 @@ COMMANDS: dict[str, Command] = {
         "Per loss (its best trial by the study objective, on validation): test error, ECE, "
         "AdaECE and classwise ECE before and after temperature scaling (optimal T in "
         "brackets), ECE after focal temperature scaling and OOD AUROC; values in %.",
+        one_shot=True,
     ),
     "export": Command(
         "write the best trials' configs as trial-config YAML for `calibtune train`",
@@ -476,6 +480,7 @@ COMMANDS: dict[str, Command] = {
         ),
         "Rank finished trials by a validation metric (default: the study objective) and write "
         "the top K resolved trial configs; `calibtune train FILE` re-runs one unchanged.",
+        one_shot=True,
     ),
     "ui": Command(
         "start the MLflow UI on 127.0.0.1 and print its URL",

@@ -7,6 +7,7 @@ calibtune's form (``test/ece@ts``), params as logged (``loss``, ``loss.gamma``..
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -102,7 +103,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
         for k, v in r.data.metrics.items():
-            row[K.from_mlflow(k)] = v
+            row[_calibtune_name(k)] = v
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
@@ -112,6 +113,17 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
+
+
+@functools.cache
+def _calibtune_name(mlflow_name: str) -> str:
+    """`K.from_mlflow` once per distinct name: every trial logs the same few hundred."""
+    return K.from_mlflow(mlflow_name)
+
+
+def _finished(trials: pd.DataFrame) -> pd.DataFrame:
+    """The finished rows of a `trials_frame` that includes unfinished trials."""
+    return trials if trials.empty else trials[trials["status"] == "finished"]
 
 
 def feasibility(constraints: Sequence[Constraint], df: pd.DataFrame) -> pd.Series:
@@ -173,12 +185,18 @@ def pareto_mask(values: Any, modes: Sequence[str]) -> Any:
 
 
 def compare_table(
-    ref: StudyRef, metrics: Sequence[str] | None = None, sort: str | None = None
+    ref: StudyRef,
+    metrics: Sequence[str] | None = None,
+    sort: str | None = None,
+    *,
+    trials: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Every ended trial with its status, params and the chosen metrics, sorted by ``sort``
     (default: the first objective, best first); failed and stopped trials are listed too (their
-    missing metrics last), with the failure's reason."""
-    df = trials_frame(ref, include_unfinished=True)
+    missing metrics last), with the failure's reason. ``trials``: the study's
+    ``trials_frame(ref, include_unfinished=True)`` when the caller has read it already (one
+    MLflow query per command)."""
+    df = trials_frame(ref, include_unfinished=True) if trials is None else trials
     if df.empty:
         return df
     df = df[df["status"] != "running"]
@@ -216,9 +234,16 @@ def compare_table(
     return out.sort_values(key, ascending=ascending, kind="stable").reset_index(drop=True)
 
 
-def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.DataFrame:
-    """The ``top`` finished trials by a validation metric (default: the study's objective)."""
-    df = trials_frame(ref)
+def best_trials(
+    ref: StudyRef,
+    metric: str | None = None,
+    top: int = 1,
+    *,
+    trials: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """The ``top`` finished trials by a validation metric (default: the study's objective);
+    ``trials`` as in `compare_table`."""
+    df = trials_frame(ref) if trials is None else _finished(trials)
     objective, mode = ref.objectives[0]
     metric = metric or objective
     if not K.is_selectable(metric):
@@ -226,7 +251,7 @@ def best_trials(ref: StudyRef, metric: str | None = None, top: int = 1) -> pd.Da
             "--metric: expected a validation metric (val/...; never select on test data), "
             f"got {metric!r}"
         )
-    if df.empty or metric not in df.columns:
+    if df.empty or metric not in df.columns or df[metric].isna().all():
         raise ValueError(f"--metric: expected a metric the finished trials logged, got {metric!r}")
     if metric != objective:
         try:
@@ -259,12 +284,13 @@ def _pct(v: Any) -> float:
     return float("nan") if v is None or (isinstance(v, float) and math.isnan(v)) else 100 * float(v)
 
 
-def report_table(ref: StudyRef) -> pd.DataFrame:
+def report_table(ref: StudyRef, *, trials: pd.DataFrame | None = None) -> pd.DataFrame:
     """The seeds' table: per loss (its best trial by the objective) test error, ECE, AdaECE and
     classwise ECE before and after temperature scaling (optimal T in brackets), after focal
     temperature scaling, and OOD AUROC; values in %. Failed trials are counted per loss with
-    the first reason; a loss whose trials all failed gets a row with its reason only."""
-    df = trials_frame(ref, include_unfinished=True)
+    the first reason; a loss whose trials all failed gets a row with its reason only.
+    ``trials`` as in `compare_table`."""
+    df = trials_frame(ref, include_unfinished=True) if trials is None else trials
     if df.empty:
         return df
     objective, mode = ref.objectives[0]
@@ -314,7 +340,9 @@ def _report_row(best: pd.Series) -> dict[str, Any]:
     return row
 
 
+@functools.cache
 def _key(col: str) -> K.MetricKey | None:
+    """`K.parse`, None for a column that is no metric key; once per distinct column."""
     try:
         return K.parse(col)
     except ValueError:
@@ -359,15 +387,21 @@ def _markdown(df: pd.DataFrame) -> str:
 
 
 def export_best(
-    ref: StudyRef, out_dir: str | Path, top: int = 1, metric: str | None = None
+    ref: StudyRef,
+    out_dir: str | Path,
+    top: int = 1,
+    metric: str | None = None,
+    *,
+    trials: pd.DataFrame | None = None,
 ) -> list[Path]:
     """Write the best trials' configs as trial-config YAML files that ``calibtune train`` re-runs.
 
     The trial's own logged ``config.yaml`` is used (the exact resolved config), with its run name
     and storage reset so that re-training starts fresh instead of resuming the study's trial.
+    ``trials`` as in `compare_table`.
     """
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    best = best_trials(ref, metric, top)
+    best = best_trials(ref, metric, top, trials=trials)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     client = _client(ref.tracking_uri)
@@ -377,21 +411,7 @@ def export_best(
     feasible_note = f" among the trials that meet {rules}" if rules else ""
     for rank, (_, row) in enumerate(best.iterrows(), start=1):
         run_id = row["run_id"]
-        seed_runs = find_runs(ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{run_id}'")
-        source = (
-            sorted(seed_runs, key=lambda r: r.info.start_time)[0].info.run_id
-            if seed_runs
-            else run_id
-        )
-        with tempfile.TemporaryDirectory() as tmp:
-            try:
-                local = client.download_artifacts(source, "config.yaml", tmp)
-            except Exception as exc:
-                raise ValueError(
-                    f"trial {row['trial_id']}: expected a logged config.yaml artifact, "
-                    f"found none ({exc})"
-                ) from None
-            cfg = yaml.safe_load(Path(local).read_text())
+        cfg = _logged_config(client, ref, row)
         name = f"{ref.name}-{row['loss_label']}-top{rank}"
         cfg["name"] = name
         cfg.pop("storage_path", None)
@@ -409,6 +429,35 @@ def export_best(
         shutil.move(str(tmp_target), target)
         written.append(target)
     return written
+
+
+def _logged_config(client: Any, ref: StudyRef, row: pd.Series) -> dict[str, Any]:
+    """The trial's logged ``config.yaml`` (its first seed run's when the study has seeds)."""
+    from mlflow.artifacts import download_artifacts
+
+    seed_runs = find_runs(
+        ref.tracking_uri, ref.experiment_id, f"tags.`{PARENT}` = '{row['run_id']}'"
+    )
+    source = (
+        min(seed_runs, key=lambda r: r.info.start_time)
+        if seed_runs
+        else client.get_run(row["run_id"])
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            # by the run's artifact URI: `client.download_artifacts(run_id, ...)` would look the
+            # run up twice more and search it for logged models
+            local = download_artifacts(
+                f"{source.info.artifact_uri}/config.yaml",
+                dst_path=tmp,
+                tracking_uri=ref.tracking_uri,
+            )
+        except Exception as exc:
+            raise ValueError(
+                f"trial {row['trial_id']}: expected a logged config.yaml artifact, "
+                f"found none ({' '.join(str(exc).split())[:400]})"
+            ) from None
+        return yaml.safe_load(Path(local).read_text())
 
 
 def _provenance(
