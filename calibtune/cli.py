@@ -240,7 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:  # named by the subcommand's parser: "calibtune run: error: unrecognized ..."
         sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
         sub.error(f"unrecognized arguments: {' '.join(extra)}")
-    one_shot = SUBCOMMANDS[args.command].one_shot
+    # only where this process is the command (argv from the command line): `gc_paused` keeps the
+    # block's cyclic garbage until exit, which a longer-lived caller of `main([...])` would not want
+    one_shot = SUBCOMMANDS[args.command].one_shot and argv is None
     try:
         with gc_paused() if one_shot else contextlib.nullcontext():
             return int(args.func(args))

@@ -176,13 +176,18 @@ def test_only_the_one_shot_commands_run_with_the_collector_paused(
             cli.SUBCOMMANDS[name], run=lambda args: seen.setdefault(args.command, gc.isenabled())
         )
         monkeypatch.setitem(cli.SUBCOMMANDS, name, probe)
-    try:
-        assert cli.main(["compare", "x"]) == 0  # the probe returns False: exit code 0
-        assert cli.main(["train", "x.yaml"]) == 1
+    try:  # as the `calibtune` command: the arguments come from the command line
+        monkeypatch.setattr(sys, "argv", ["calibtune", "compare", "x"])
+        assert cli.main() == 0  # the probe returns False: exit code 0
+        monkeypatch.setattr(sys, "argv", ["calibtune", "train", "x.yaml"])
+        assert cli.main() == 1
     finally:
         gc.unfreeze()
     assert seen == {"compare": False, "train": True}
     assert gc.isenabled()
+    seen.clear()  # called from Python with its own arguments: the collector stays on
+    assert cli.main(["compare", "x"]) == 1
+    assert seen == {"compare": True}
 
 
 @pytest.mark.timeout(300)

@@ -106,7 +106,10 @@ def summarize_study(
         out = Path(tmp)
         wanted = [m for m, _ in ref.objectives] + list(COMPARE_METRICS)
         shown = [m for m in dict.fromkeys(wanted) if m in df.columns]  # what the trials logged
-        tables = (("compare", compare_table(ref, shown)), ("report", report_table(ref)))
+        tables = (
+            ("compare", compare_table(ref, shown, trials=df)),
+            ("report", report_table(ref, trials=df)),
+        )
         for stem, table in tables:
             (out / f"{stem}.md").write_text(format_table(table, "markdown"))
             (out / f"{stem}.csv").write_text(format_table(table, "csv"))
