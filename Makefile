@@ -30,17 +30,18 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-# The full suite, slow tests included (CI runs exactly this): every test but the `serial` ones on
-# two pytest-xdist workers sharing out the work units of tests/conftest.py (the longest first —
-# real Ray clusters, killed drivers, browsers — so the short ones fill the end), then the few
-# `serial` tests (wall-clock bounds) alone in one process. Both parts run even if the first
-# fails; the exit status is non-zero if either did. `make test XDIST=` runs it all in one process.
+# The full suite, slow tests included (CI runs exactly this): the fast tests, then the slow ones
+# (real Ray clusters, killed drivers, browsers), each part on two pytest-xdist workers sharing out
+# the work units of tests/conftest.py (longest first), then the few `serial` tests (wall-clock
+# bounds) alone in one process. Every part runs even if an earlier one fails; the exit status is
+# non-zero if any did. `make test XDIST=` runs it all in one process.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: lint
 	rc=0; \
-	$(PYTEST) --timeout=900 $(XDIST) -m "not serial" || rc=$$?; \
+	$(PYTEST) --timeout=900 $(XDIST) -m "not slow and not serial" || rc=$$?; \
+	$(PYTEST) --timeout=900 $(XDIST) -m "slow and not serial" || rc=$$?; \
 	$(PYTEST) --timeout=900 -m serial || rc=$$?; \
 	exit $$rc
 
