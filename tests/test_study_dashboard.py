@@ -305,3 +305,48 @@ def test_dashboard_cli_refuses_a_study_without_optuna_storage_in_one_line(tmp_pa
     assert len(err) == 1 and "expected the study's Optuna storage sqlite:///" in err[0], err
     assert main(["dashboard", "no_such_study", "--storage", str(tmp_path)]) == 2
     assert "expected a study that has run" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(180)
+def test_ui_server_stops_when_the_command_is_terminated(tmp_path):
+    """`calibtune ui` runs `mlflow ui` in a session of its own (Ctrl-C reaches only calibtune);
+    a SIGTERM to calibtune (a `kill`, a service manager) must stop the server too, not leave it
+    serving with no parent."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).search_experiments()  # an existing (empty) store
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibtune", "ui", "--tracking-uri", uri],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        seen = []  # the URL line, after any warnings the libraries print first
+        while not (m := re.search(r"http://127\.0\.0\.1:(\d+)", line := proc.stdout.readline())):
+            seen.append(line)
+            assert line or proc.poll() is None, seen[-5:]
+        port = int(m.group(1))
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # the server answers
+        proc.send_signal(signal.SIGTERM)  # calibtune only, not its server's session
+        assert proc.wait(timeout=60) == 0
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            except OSError:
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError(f"the MLflow UI still serves after calibtune ended: {line}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)

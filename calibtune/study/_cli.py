@@ -7,8 +7,11 @@ study, an unknown study, a missing dataset) is one line on stderr and exit code 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -372,10 +375,31 @@ def _serve(
         return 1
     print("\n".join(lines(url)), flush=True)
     try:
-        proc.wait()
+        with _stop_signals_interrupt():
+            proc.wait()
     except KeyboardInterrupt:
         stop_ui(proc)
     return 0
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def _stop_signals_interrupt() -> Any:
+    """SIGTERM and SIGHUP stop the server like Ctrl-C: it runs in its own session (so that a
+    Ctrl-C reaches only us), and would otherwise outlive a `kill` of this command or a closed
+    terminal."""
+    if threading.current_thread() is not threading.main_thread():  # no handlers off the main one
+        yield
+        return
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 # ------------------------------------------------------------------------------- the table
