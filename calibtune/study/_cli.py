@@ -373,9 +373,9 @@ def _serve(
     except RuntimeError as exc:
         print(f"calibtune {command}: {' '.join(str(exc).split())[:300]}", file=sys.stderr)
         return 1
-    print("\n".join(lines(url)), flush=True)
     try:
-        with _stop_signals_interrupt():
+        with _stop_signals_interrupt():  # before the URL is out: a reader may stop us at once
+            print("\n".join(lines(url)), flush=True)
             proc.wait()
     except KeyboardInterrupt:
         stop_ui(proc)
