@@ -29,6 +29,7 @@ metric's direction.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -235,6 +236,7 @@ def _measure_score(name: str) -> tuple[str, str]:
     return name, OOD_SCORES[0]
 
 
+@functools.cache  # pure, and tables parse the same few hundred names for every trial
 def parse(text: str) -> MetricKey:
     """Parse a metric key; raises ``ValueError`` naming the key for anything not in the grammar
     or not in its canonical form (so that ``str(parse(k)) == k`` always)."""
@@ -384,6 +386,7 @@ def to_mlflow(metric: str) -> str:
     return str(parse(metric)).replace("@", ".")
 
 
+@functools.cache  # pure, and every trial logs the same few hundred names
 def from_mlflow(name: str) -> str:
     """Inverse of `to_mlflow` (names MLflow holds that calibtune did not write pass unchanged).
 

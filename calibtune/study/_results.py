@@ -7,7 +7,6 @@ calibtune's form (``test/ece@ts``), params as logged (``loss``, ``loss.gamma``..
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -103,7 +102,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
         for k, v in r.data.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
         for k, v in r.data.metrics.items():
-            row[_calibtune_name(k)] = v
+            row[K.from_mlflow(k)] = v
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:
@@ -113,12 +112,6 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
     params = sorted(c for c in df.columns if c.startswith("param:"))
     metrics = sorted(c for c in df.columns if c not in lead and c not in params)
     return df[[c for c in lead if c in df.columns] + params + metrics]
-
-
-@functools.cache
-def _calibtune_name(mlflow_name: str) -> str:
-    """`K.from_mlflow` once per distinct name: every trial logs the same few hundred."""
-    return K.from_mlflow(mlflow_name)
 
 
 def _finished(trials: pd.DataFrame) -> pd.DataFrame:
@@ -340,9 +333,8 @@ def _report_row(best: pd.Series) -> dict[str, Any]:
     return row
 
 
-@functools.cache
 def _key(col: str) -> K.MetricKey | None:
-    """`K.parse`, None for a column that is no metric key; once per distinct column."""
+    """`K.parse`, None for a column that is no metric key."""
     try:
         return K.parse(col)
     except ValueError:
