@@ -286,3 +286,29 @@ def test_studies_may_select_on_refinement_and_aurc_but_not_on_a_ci_bound(tmp_pat
     assert {"val/aurc", "val/refinement_nll@ts"} <= cfg.metric_keys(posthoc_params=False)
     with pytest.raises(ValueError, match=r"not a bootstrap CI bound .*got 'val/ece_ci_low'"):
         load_study(study("val/ece_ci_low"))
+
+
+@pytest.mark.parametrize("shift, tables", [(6.0, True), (0.5, False)])
+def test_bootstrap_sweep_equals_a_loop_with_and_without_the_position_tables(
+    shift: float, tables: bool
+) -> None:
+    # an accurate model keeps most resamples monotone up to large bin counts: the sweep then
+    # reads its sums from the every-position tables; a poor one stops early and searches
+    from calibtune.metrics import _bootstrap as B
+
+    g = torch.Generator().manual_seed(2)
+    n, k = 240, 5
+    y = torch.randint(0, k, (n,), generator=g)
+    z = torch.randn(n, k, generator=g, dtype=torch.float64)
+    z[torch.arange(n), y] += shift
+    p = torch.softmax(z, 1)
+    conf, pred = p.max(1)
+    correct = pred == y
+    idx = M.bootstrap_indices(n, 16, seed=5)
+    order, w = B._in_order(conf, correct, idx)
+    s = B._Sorted(conf[order], correct[order], w)
+    sweep = B._ece_sweep(s)
+    assert (s._every is not None) is tables
+    for b in range(idx.shape[0]):
+        ref = M.calibration_report(probs=p[idx[b]], labels=y[idx[b]])["ece_sweep"]
+        assert float(sweep[b]) == pytest.approx(ref, rel=1e-10, abs=1e-12), b

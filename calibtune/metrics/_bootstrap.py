@@ -14,7 +14,9 @@ at once:
 * equal-width metrics (ECE, MCE): sorted by confidence, each bin is a run of sorted samples, so
   its sums are prefix sums at the run ends; error is the correct count at the end;
 * equal-mass metrics (AdaECE, debiased ECE, sweep ECE) read group sums at their group
-  boundaries; the sweep only revisits the resamples whose bin accuracies are still monotone;
+  boundaries; the sweep only revisits the resamples whose bin accuracies are still monotone, and
+  once its boundaries outnumber the positions it reads the sums from (B, N+1) tables at every
+  integer position (one search) instead of searching for each boundary;
 * per-sample means (NLL, Brier) are w @ x / N;
 * classwise ECE: the non-zero bins of p[:, k] from one (B, N) @ sparse (N, K·n_bins) product, bin
   0 by difference from the dense class totals w @ p;
@@ -105,6 +107,7 @@ class _Sorted:
         self.c = _prefix(w * self.conf)
         self.a = _prefix(w * self.correct)
         self.n = conf.numel()
+        self._every: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def rows(self, rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         # copying (R, N+1) rows costs more than the searches it saves unless R is small
@@ -132,6 +135,20 @@ class _Sorted:
         if rows is not None and c_at.shape[0] != rows.numel():
             return c_at[rows], a_at[rows]
         return c_at, a_at
+
+    def sums_at(self, pos: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accuracy and accuracy − confidence sums (R, P) at integer positions ``pos`` (P,) of
+        the resamples ``rows`` (R,) (`prefix_at`, or a gather from the every-position tables
+        once the positions asked for outnumber the table's B × (n+1): a long sweep visits
+        ≈ n²/2 positions per resample)."""
+        if self._every is None and rows.numel() * pos.numel() >= self.cnt.numel():
+            c_all, a_all = self.prefix_at(torch.arange(self.n + 1, device=pos.device))
+            self._every = (a_all, a_all - c_all)
+        if self._every is None:
+            c_at, a_at = self.prefix_at(pos, rows)
+            return a_at, a_at - c_at
+        at = (rows[:, None], pos[None, :])
+        return self._every[0][at], self._every[1][at]
 
     def group_sums(self, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Confidence and accuracy sums (B, P−1) over sorted positions [bounds_j, bounds_j+1)."""
@@ -184,13 +201,13 @@ def _sweep_chunk(
     b = counts[seg]
     bounds = j * (s.n // b) + torch.minimum(j, s.n % b)
     inside = (seg[1:] == seg[:-1]).nonzero().squeeze(1)
-    c_at, a_at = s.prefix_at(bounds, rows)
-    c, a = c_at.diff(dim=1)[:, inside], a_at.diff(dim=1)[:, inside]
+    a_at, d_at = s.sums_at(bounds, rows)
+    a, d = a_at.diff(dim=1)[:, inside], d_at.diff(dim=1)[:, inside]
     seg = seg[inside]
     start, end = bounds[inside], bounds[inside + 1]
     acc = a / (end - start).to(_F64)
     gap = torch.zeros(rows.numel(), counts.numel(), dtype=_F64, device=dev)
-    gap.index_add_(1, seg, (a - c).abs() / s.n)
+    gap.index_add_(1, seg, d.abs_().div_(s.n))
     drop = (acc[:, 1:] < acc[:, :-1]) & (seg[1:] == seg[:-1])
     broken = torch.zeros_like(gap).index_add_(1, seg[1:], drop.to(_F64))
     return broken == 0, gap
