@@ -107,7 +107,7 @@ class _Sorted:
         self.c = _prefix(w * self.conf)
         self.a = _prefix(w * self.correct)
         self.n = conf.numel()
-        self._every: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._every: torch.Tensor | None = None  # `accuracy_at`'s table
 
     def rows(self, rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
         # copying (R, N+1) rows costs more than the searches it saves unless R is small
@@ -124,9 +124,9 @@ class _Sorted:
         self, pos: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Confidence and accuracy sums (R, P) over sorted resample positions [0, pos_j), for
-        integer positions ``pos`` (P,) in [0, n] (``rows``: only these resamples)."""
+        integer positions ``pos`` (P,) or (R, P) in [0, n] (``rows``: only these resamples)."""
         cnt, c, a = self.rows(rows)
-        at = pos.to(_F64).expand(cnt.shape[0], -1).contiguous()
+        at = pos.to(_F64).expand(cnt.shape[0], -1).contiguous()  # (P,) or one row per resample
         f = self.sample_at(cnt, at)
         part = at.sub_(cnt.gather(1, f))  # copies of sample f before pos: 0 when f = N
         last = f.clamp_max(self.n - 1)
@@ -136,19 +136,15 @@ class _Sorted:
             return c_at[rows], a_at[rows]
         return c_at, a_at
 
-    def sums_at(self, pos: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Accuracy and accuracy − confidence sums (R, P) at integer positions ``pos`` (P,) of
-        the resamples ``rows`` (R,) (`prefix_at`, or a gather from the every-position tables
-        once the positions asked for outnumber the table's B × (n+1): a long sweep visits
-        ≈ n²/2 positions per resample)."""
+    def accuracy_at(self, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Accuracy sums (R, P) at integer positions ``pos`` (P,) of the resamples ``rows``
+        (R,): `prefix_at`, or a gather from a table at every position once the positions asked
+        for outnumber its B × (n+1) (a long sweep visits ≈ n²/2 positions per resample)."""
         if self._every is None and rows.numel() * pos.numel() >= self.cnt.numel():
-            c_all, a_all = self.prefix_at(torch.arange(self.n + 1, device=pos.device))
-            self._every = (a_all, a_all - c_all)
+            self._every = self.prefix_at(torch.arange(self.n + 1, device=pos.device))[1]
         if self._every is None:
-            c_at, a_at = self.prefix_at(pos, rows)
-            return a_at, a_at - c_at
-        at = (rows[:, None], pos[None, :])
-        return self._every[0][at], self._every[1][at]
+            return self.prefix_at(pos, rows)[1]
+        return self._every[rows[:, None], pos[None, :]]
 
     def group_sums(self, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Confidence and accuracy sums (B, P−1) over sorted positions [bounds_j, bounds_j+1)."""
@@ -187,10 +183,16 @@ def _ece_debiased(s: _Sorted, n_bins: int) -> torch.Tensor:
     return (count / s.n * per_bin).sum(1).clamp_min(0).sqrt()
 
 
-def _sweep_chunk(
-    s: _Sorted, counts: torch.Tensor, rows: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For bin counts (C,): monotone flags (R, C) and ECE (R, C) of the resamples ``rows``."""
+def _equal_mass_bounds(n: int, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Position of boundary j of b equal-mass groups of n (sizes differ by at most one, the
+    larger first, as `equal_mass_sizes`); j > b gives n."""
+    return (j * (n // b) + torch.minimum(j, n % b)).clamp_max(n)
+
+
+def _sweep_monotone(s: _Sorted, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """For bin counts (C,): whether each resample of ``rows`` (R,) has non-decreasing
+    equal-mass accuracies at each count, (R, C) bool (only accuracy sums are needed: the ECE is
+    computed once, at the count the sweep settles on)."""
     dev = counts.device
     # the b + 1 group boundaries of each bin count b, end to end; groups are the consecutive
     # pairs inside one bin count
@@ -198,40 +200,38 @@ def _sweep_chunk(
     j = torch.arange(seg.numel(), device=dev) - torch.repeat_interleave(
         torch.cumsum(counts + 1, 0) - counts - 1, counts + 1
     )
-    b = counts[seg]
-    bounds = j * (s.n // b) + torch.minimum(j, s.n % b)
+    bounds = _equal_mass_bounds(s.n, counts[seg], j)
     inside = (seg[1:] == seg[:-1]).nonzero().squeeze(1)
-    a_at, d_at = s.sums_at(bounds, rows)
-    a, d = a_at.diff(dim=1)[:, inside], d_at.diff(dim=1)[:, inside]
+    acc = s.accuracy_at(bounds, rows).diff(dim=1)[:, inside]
     seg = seg[inside]
-    start, end = bounds[inside], bounds[inside + 1]
-    acc = a / (end - start).to(_F64)
-    gap = torch.zeros(rows.numel(), counts.numel(), dtype=_F64, device=dev)
-    gap.index_add_(1, seg, d.abs_().div_(s.n))
+    acc /= (bounds[inside + 1] - bounds[inside]).to(_F64)
     drop = (acc[:, 1:] < acc[:, :-1]) & (seg[1:] == seg[:-1])
-    broken = torch.zeros_like(gap).index_add_(1, seg[1:], drop.to(_F64))
-    return broken == 0, gap
+    broken = torch.zeros(rows.numel(), counts.numel(), dtype=_F64, device=dev)
+    return broken.index_add_(1, seg[1:], drop.to(_F64)) == 0
 
 
 def _ece_sweep(s: _Sorted) -> torch.Tensor:
     """Monotonic sweep per resample (as `calibration_report`'s, p = 1): the ECE at the largest
-    bin count before the first whose equal-mass accuracies decrease. Each chunk of bin counts
-    only looks at the resamples still monotone."""
-    best = torch.zeros(s.c.shape[0], dtype=_F64, device=s.c.device)
-    active = torch.arange(s.c.shape[0], device=s.c.device)
+    bin count b* before the first whose equal-mass accuracies decrease. Each chunk of bin counts
+    only looks at the resamples still monotone; the ECE is then computed at each resample's own
+    b* (groups past b* are empty)."""
+    dev = s.c.device
+    b_star = torch.ones(s.c.shape[0], dtype=torch.long, device=dev)  # one bin is monotone
+    active = torch.arange(s.c.shape[0], device=dev)
     lo, width = 1, 2
     while lo <= s.n and active.numel():
-        counts = torch.arange(lo, min(s.n, lo + width - 1) + 1, device=s.c.device)
-        monotone, errs = _sweep_chunk(s, counts, active)
-        bad = ~monotone
+        counts = torch.arange(lo, min(s.n, lo + width - 1) + 1, device=dev)
+        bad = ~_sweep_monotone(s, counts, active)
         first = bad.long().argmax(1)
         has_bad = bad.any(1)
-        prev = errs.gather(1, (first - 1).clamp_min(0)[:, None]).squeeze(1)
-        keep = torch.where(first > 0, prev, best[active])
-        best[active] = torch.where(has_bad, keep, errs[:, -1])
+        before = torch.where(first > 0, counts[(first - 1).clamp_min(0)], b_star[active])
+        b_star[active] = torch.where(has_bad, before, counts[-1])
         active = active[~has_bad]
         lo, width = lo + counts.numel(), width * 2
-    return best
+    j = torch.arange(int(b_star.max()) + 1, device=dev)
+    bounds = _equal_mass_bounds(s.n, b_star[:, None], j)  # (B, max b* + 1)
+    c_at, a_at = s.prefix_at(bounds)
+    return (a_at.diff(dim=1) - c_at.diff(dim=1)).abs().sum(1) / s.n
 
 
 def _top_label(
