@@ -1,7 +1,5 @@
 """``python -m calibtune`` = the ``calibtune`` command."""
 
-import sys
+from calibtune.cli import command
 
-from calibtune.cli import main
-
-sys.exit(main())
+command()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune._commands import Command, OneOf, add_commands, arg
-from calibtune._lazy import gc_paused
+from calibtune._lazy import exit_without_teardown, gc_paused
 from calibtune._provenance import installed_versions, read_provenance, version_drift
 from calibtune._usage import UsageError, bad_input_message
 from calibtune.metrics import keys as K
@@ -27,7 +27,7 @@ from calibtune.study._raycluster import init_ray
 # Lazy: `calibtune.trial` (torch, Ray) is imported by `train` alone, so that `calibtune --help`
 # and the study subcommands start in a fraction of a second (bench/bench_cli.py).
 
-__all__ = ["SUBCOMMANDS", "build_parser", "format_metrics_table", "main"]
+__all__ = ["SUBCOMMANDS", "build_parser", "command", "format_metrics_table", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -251,5 +251,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def command() -> None:
+    """The ``calibtune`` executable and ``python -m calibtune``: `main` on the command line's
+    arguments, then exit without the interpreter's teardown (`exit_without_teardown`)."""
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    command()

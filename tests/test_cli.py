@@ -121,3 +121,44 @@ def test_python_dash_m_entry_point() -> None:
         [sys.executable, "-m", "calibtune", "--help"], capture_output=True, text=True, check=True
     )
     assert "train" in out.stdout
+
+
+_EXIT_SCRIPT = """
+import atexit, sys, threading, time
+from calibtune._lazy import exit_without_teardown
+
+class Finalised:  # a module global: its __del__ runs only in the interpreter's teardown
+    def __del__(self):
+        print("teardown", flush=True)
+
+keep = Finalised()
+atexit.register(lambda: print("atexit handler"))
+if sys.argv[1] == "thread":  # a non-daemon thread still running: Python waits for it
+    threading.Thread(target=lambda: (time.sleep(0.3), print("thread done"))).start()
+sys.stdout.write("buffered, no newline ")
+exit_without_teardown(3)
+"""
+
+
+@pytest.mark.parametrize("case", ["plain", "thread"])
+def test_exit_without_teardown_runs_atexit_flushes_and_skips_the_teardown(case: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _EXIT_SCRIPT, case], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 3, out.stderr
+    assert out.stdout.startswith("buffered, no newline "), out.stdout
+    assert "atexit handler" in out.stdout
+    if case == "plain":
+        assert "teardown" not in out.stdout  # os._exit: nothing after the atexit handlers
+    else:  # fell back to sys.exit: the thread finished, then the normal teardown ran
+        assert out.stdout.index("thread done") < out.stdout.index("atexit handler")
+        assert "teardown" in out.stdout
+
+
+def test_the_calibtune_executable_and_dash_m_exit_through_command() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = [e for e in entry_points(group="console_scripts") if e.name == "calibtune"]
+    assert script.value == "calibtune.cli:command"
+    main_py = Path(__file__).parents[1] / "calibtune" / "__main__.py"
+    assert "command()" in main_py.read_text()
