@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -370,3 +372,21 @@ def test_mnist1d_far_signals() -> None:
     assert busy.float().mean() > 0.9
     assert torch.allclose(per_signal_std[busy], torch.ones(1), atol=1e-4)
     assert torch.allclose(x.mean(dim=-1), torch.zeros(1), atol=1e-4)
+
+
+def test_sample_photos_are_read_as_sklearn_reads_them_without_importing_it() -> None:
+    from sklearn.datasets import load_sample_images
+
+    ours = ood_module._sample_photos_rgb()
+    theirs = load_sample_images().images
+    assert len(ours) == len(theirs) == 2
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    code = (
+        "import sys; from calibtune.data import load_ood, load_splits; "
+        "load_ood('digits_far', num_samples=3); load_splits('digits', seed=0); "
+        "print('sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"

@@ -23,7 +23,7 @@ from .._registry import Param, Registry
 from ._cifar import CIFAR_URL, read_cifar
 from ._common import DatasetNotFoundError, NormalizedImages, OODSet, data_param, resolve_root
 from ._datasets import DATASETS, dataset_shape, dataset_stats
-from ._embedded import digits_arrays
+from ._embedded import digits_arrays, sklearn_files
 
 # Lazy: SciPy's .mat reader (SVHN) and scikit-learn's sample photos are imported by the OOD
 # sets that use them, so that `calibtune train` without those sets skips them.
@@ -282,13 +282,26 @@ def _digits_noise(in_distribution: str, severity: int, seed: int) -> OODSet:
     return OODSet("digits_noise", dataset, severity, "gaussian_noise", in_distribution)
 
 
-def _sample_photos_grey() -> list[np.ndarray]:
-    """scikit-learn's two bundled photographs (china.jpg, flower.jpg, 427×640) as greyscale
-    on [0, 1] (ITU-R 601 luma)."""
+def _sample_photos_rgb() -> list[np.ndarray]:
+    """scikit-learn's two bundled photographs (china.jpg, flower.jpg; 427×640×3 uint8), read
+    as ``load_sample_images`` reads them (PIL, sorted file names) without importing it."""
+    if paths := sklearn_files("images", "*.jpg"):
+        from PIL import Image
+
+        out = []
+        for path in paths:
+            with Image.open(path) as img:
+                out.append(np.asarray(img))
+        return out
     from sklearn.datasets import load_sample_images
 
+    return list(load_sample_images().images)
+
+
+def _sample_photos_grey() -> list[np.ndarray]:
+    """`_sample_photos_rgb` as greyscale on [0, 1] (ITU-R 601 luma)."""
     luma = np.array([0.299, 0.587, 0.114])
-    return [(img.astype(np.float64) @ luma) / 255.0 for img in load_sample_images().images]
+    return [(img.astype(np.float64) @ luma) / 255.0 for img in _sample_photos_rgb()]
 
 
 def _photo_crops(num_samples: int, seed: int, height: int, width: int) -> np.ndarray:
