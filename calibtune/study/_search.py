@@ -38,6 +38,7 @@ from calibtune.study._tracking import (
     log_metrics,
     open_study_run,
     resolve_tracking_uri,
+    store_created_meanwhile,
     versions,
 )
 from calibtune.study._trainable import StudyPayload, make_trainable
@@ -66,11 +67,18 @@ def study_dir(study: StudyConfig, storage: str | Path | None = None) -> StudyDir
     return StudyDir.at(study.name, storage or study.storage)
 
 
+def _tracking_uri(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) -> str:
+    """Where the study's runs go: the command line's URI, else where its parent run already is,
+    else the study file's."""
+    existing = sd.read_state() if sd.state_file.is_file() else None
+    recorded = existing.tracking_uri if existing else None
+    return resolve_tracking_uri(tracking_uri or recorded or study.tracking.uri)
+
+
 def _open_parent(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) -> StudyPayload:
     """Open (or reopen) the parent run and record the study's state atomically."""
     existing = sd.read_state() if sd.state_file.is_file() else None
-    recorded = existing.tracking_uri if existing else None  # where the parent run already is
-    uri = resolve_tracking_uri(tracking_uri or recorded or study.tracking.uri)
+    uri = _tracking_uri(study, sd, tracking_uri)
     artifacts = [Path(study.path)] if study.path else []
     artifacts += sorted({Path(c.loss.path) for c in study.losses if c.loss.path})
     parent = open_study_run(
@@ -154,8 +162,9 @@ def run_study(
         return resume_study(sd.path, address=address, verbose=verbose)
     _check_files(study)  # bad input stops here, before anything is written or started
     with sd.lock():
-        init_ray(address, verbose=verbose > 0)
-        check_cluster(study)
+        with store_created_meanwhile(_tracking_uri(study, sd, tracking_uri)):
+            init_ray(address, verbose=verbose > 0)
+            check_cluster(study)
         payload = _open_parent(study, sd, tracking_uri)
         callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)

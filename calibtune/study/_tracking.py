@@ -97,6 +97,53 @@ def _client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+@contextlib.contextmanager
+def store_created_meanwhile(uri: str) -> Any:
+    """Run the block (the driver's Ray start: ≈ 5 s, mostly waiting for Ray's processes) while a
+    thread creates the SQLite store ``uri`` if it does not exist yet (MLflow's schema migrations
+    on a new database take ≈ 2 s). The tables are made in a file of their own beside it, moved
+    into place only when the block succeeds (never over a database that appeared meanwhile): a
+    study that fails to start leaves nothing, and no MLflow engine in this process ever pointed
+    at a file that was then removed. Other stores (an existing file, a server) are left to the
+    first client, as is any failure here (the client then reports it).
+
+    MLflow's modules are imported here, before the thread starts: the thread then only runs
+    MLflow's migration scripts, which nothing in the block imports (concurrent imports of one
+    package from two threads could meet a circular import half-done). The block must not open
+    a new MLflow store itself: MLflow's migrations run through alembic's process-wide `op`
+    proxy, so two at once in one process collide.
+    """
+    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    if db is None or db.exists():
+        yield
+        return
+    import sqlalchemy
+    from mlflow.store.db.utils import _initialize_tables
+
+    new = db.with_name(f".{db.name}.{os.getpid()}.new")
+
+    def create() -> None:
+        with contextlib.suppress(Exception):
+            engine = sqlalchemy.create_engine(f"sqlite:///{new}")
+            try:
+                _initialize_tables(engine)
+            finally:
+                engine.dispose()  # no connection left open on the file
+
+    thread = threading.Thread(target=create, name="calibtune-store")
+    thread.start()
+    try:
+        yield
+    except BaseException:
+        thread.join()
+        new.unlink(missing_ok=True)
+        raise
+    thread.join()
+    with contextlib.suppress(OSError):  # e.g. a database appeared meanwhile: that one stays
+        os.link(new, db)
+    new.unlink(missing_ok=True)
+
+
 def artifact_location(uri: str, experiment: str) -> str | None:
     """For a SQLite store, artifacts live beside the database (``<db dir>/mlruns/<experiment>``)
     rather than in whatever directory the creating process ran in; servers manage their own."""
