@@ -177,10 +177,62 @@ def bootstrap_case(rounds: int = 3, n_resamples: int = 1000, loop_resamples: int
     )
 
 
+def _bootstrap_module(checkout: str | None) -> object:
+    """This checkout's `calibtune.metrics._bootstrap`, or the one in ``checkout`` (loaded as a
+    sibling module of this package, so its relative imports resolve here)."""
+    import importlib.util
+
+    from calibtune.metrics import _bootstrap
+
+    if checkout is None:
+        return _bootstrap
+    path = f"{checkout}/calibtune/metrics/_bootstrap.py"
+    spec = importlib.util.spec_from_file_location("calibtune.metrics._bootstrap_other", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def sweep_case(against: str | None = None, rounds: int = 9) -> None:
+    """Bootstrap CIs of the trial-sized problems (issue 13, target 1): N = 359 (the digits test
+    split), K = 10, 200 resamples (a trial's default), for an accurate model (logit margin 4:
+    most resamples stay monotone to large bin counts, so the sweep ECE dominates) and a poor one
+    (margin 2: the sweep stops early), and N = 10k, K = 100, 1000 resamples; this checkout
+    alternated with ``against`` (another checkout) in each round, medians, one thread.
+    Run: ``python bench/bench_metrics.py sweep [OTHER_CHECKOUT]``."""
+    from calibtune.metrics.keys import BOOTSTRAP_KEYS
+
+    torch.set_num_threads(1)
+    mods = {"this": _bootstrap_module(None)}
+    if against:
+        mods["against"] = _bootstrap_module(against)
+    print(f"load average before: {os.getloadavg()}")
+    for n, k, b, margin in ((359, 10, 200, 4.0), (359, 10, 200, 2.0), (10_000, 100, 1000, 4.0)):
+        g = torch.Generator().manual_seed(0)
+        y = torch.randint(0, k, (n,), generator=g)
+        z = torch.randn(n, k, generator=g)
+        z[torch.arange(n), y] += margin
+        p = torch.softmax(z.double(), 1)
+        idx = mods["this"].bootstrap_indices(n, b, 0)
+        times: dict[str, list[float]] = {name: [] for name in mods}
+        for r in range(rounds):
+            for name in mods if r % 2 else reversed(list(mods)):
+                t0 = time.perf_counter()
+                mods[name].bootstrap_values(probs=p, labels=y, indices=idx, metrics=BOOTSTRAP_KEYS)
+                times[name].append(time.perf_counter() - t0)
+        med = {name: statistics.median(t) for name, t in times.items()}
+        line = ", ".join(f"{name} {t * 1e3:.1f} ms" for name, t in med.items())
+        ratio = f" (against/this {med['against'] / med['this']:.2f}x)" if against else ""
+        print(f"N={n} K={k} B={b} margin {margin}: {line}{ratio}")
+    print(f"load average after:  {os.getloadavg()}")
+
+
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["bootstrap"]:
         bootstrap_case()
+    elif sys.argv[1:2] == ["sweep"]:
+        sweep_case(sys.argv[2] if len(sys.argv) > 2 else None)
     else:
         main()

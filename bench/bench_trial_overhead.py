@@ -230,9 +230,11 @@ def bench_quickstart(tmp: Path, checkout: Path | None = None) -> dict[str, Any]:
 
     checkout = checkout or Path(calibtune.__file__).parents[1]
     cwd = Path(tempfile.mkdtemp(prefix="quickstart-", dir=tmp))
-    exe = Path(sys.executable).with_name("calibtune")
     study_file = checkout / "studies" / "quickstart.yaml"
-    cmd = [str(exe), "run", str(study_file), "--quiet", "--storage", str(cwd / "studies")]
+    # `python -m calibtune` runs the checkout's own entry point (the venv's `calibtune` script
+    # names one function, which another checkout may not have)
+    cmd = [sys.executable, "-m", "calibtune", "run", str(study_file), "--quiet"]
+    cmd += ["--storage", str(cwd / "studies")]
     env = {**os.environ, "PYTHONPATH": str(checkout), "PYTHONUNBUFFERED": "1"}
     t0 = time.time()
     proc = subprocess.Popen(

@@ -253,8 +253,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def command() -> None:
     """The ``calibtune`` executable and ``python -m calibtune``: `main` on the command line's
-    arguments, then exit without the interpreter's teardown (`exit_without_teardown`)."""
-    exit_without_teardown(main())
+    arguments, then exit without the interpreter's teardown (`exit_without_teardown`). A Ray
+    this process connected to or started is shut down first, directly: Ray's own exit hook
+    pauses 0.5 s for worker logs still in flight, and every trial has ended by now."""
+    code = main()
+    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()
+    exit_without_teardown(code)
 
 
 if __name__ == "__main__":
