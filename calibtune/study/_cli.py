@@ -212,7 +212,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         if args.baseline is not None:
             from calibtune.study._paired import paired_table
 
-            table = paired_table(ref, args.baseline)
+            table = paired_table(ref, args.baseline, trials=trials)
         else:
             table = report_table(ref, trials=trials)
         if table.empty:  # finished trials, but none reported the objective

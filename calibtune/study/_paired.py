@@ -34,9 +34,10 @@ PAIRED_METRICS = ("ece", "adaece", "error")
 PREDICTIONS = "test_predictions.npz"
 
 
-def _best_runs(ref: StudyRef) -> dict[str, pd.Series]:
-    """loss label -> its best finished trial by the study's first objective."""
-    df = trials_frame(ref)
+def _best_runs(ref: StudyRef, trials: pd.DataFrame | None = None) -> dict[str, pd.Series]:
+    """loss label -> its best finished trial by the study's first objective (``trials``: the
+    study's `trials_frame` if already read, unfinished ones included or not)."""
+    df = trials_frame(ref) if trials is None else trials[trials["status"] == "finished"]
     objective, mode = ref.objectives[0]
     if objective in df:
         df = df[df[objective].notna()].sort_values(objective, ascending=(mode == "min"))
@@ -130,11 +131,13 @@ def paired_table(
     n_resamples: int = 1000,
     level: float = 0.95,
     n_bins: int = 15,
+    trials: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per (loss ≠ baseline, post-hoc method, metric): the difference to the baseline in
     percentage points, its paired-bootstrap CI, the number of paired seeds and whether it is
-    resolved. ``baseline``: a loss label of the study (else ValueError listing them)."""
-    best = _best_runs(ref)
+    resolved. ``baseline``: a loss label of the study (else ValueError listing them).
+    ``trials``: the study's `trials_frame` when the caller has read it (one MLflow query)."""
+    best = _best_runs(ref, trials)
     if baseline not in best:
         raise ValueError(
             f"--baseline: expected one of the study's losses ({', '.join(sorted(best))}), "
