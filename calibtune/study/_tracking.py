@@ -390,7 +390,11 @@ class MlflowTrialCallback:
         return self.figures_for is not None
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_pending": None}  # a thread does not pickle
+        # a thread does not pickle: the batch in flight is sent first, so that the copy's
+        # `on_trial_end` (its flush) comes after it, as the original's would
+        if self._pending is not None:
+            self._pending.join()
+        return {**self.__dict__, "_pending": None}
 
     def flush(self) -> None:
         """Wait for the epoch batch in flight (``background``); raise the error it met."""
