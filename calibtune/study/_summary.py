@@ -87,8 +87,13 @@ def summarize_study(
     exp_id: str,
     parent_run_id: str,
     optuna_study: Any | None = None,
+    figures: bool = True,
 ) -> list[str]:
-    """Refresh the parent run's summary; returns the notes on what was skipped and why."""
+    """Refresh the parent run's summary; returns the notes on what was skipped and why.
+
+    ``figures=False`` writes the tables, best-trial tags and metric but leaves the study figures
+    (``summary/figures/*``) as the last drawing logged them: MLflow's ``log_artifacts`` adds and
+    overwrites files, it never removes any, so they stay in place until the next drawing."""
     from mlflow.entities import Param
 
     client = _client(uri)
@@ -113,9 +118,9 @@ def summarize_study(
         for stem, table in tables:
             (out / f"{stem}.md").write_text(format_table(table, "markdown"))
             (out / f"{stem}.csv").write_text(format_table(table, "csv"))
-        figures = out / "figures"
-        figures.mkdir()
-        notes += _figures(study, ref, df, optuna_study, figures)
+        if figures:
+            (out / "figures").mkdir()
+            notes += _figures(study, ref, df, optuna_study, out / "figures")
         client.log_artifacts(parent_run_id, str(out), artifact_path="summary")
     if notes:
         client.set_tag(parent_run_id, "calibtune.summary_notes", "; ".join(notes)[:5000])
@@ -193,15 +198,19 @@ def refresh_summary(
     parent_run_id: str,
     optuna_storage: str | None = None,
     ended: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None, bool]] = (),
+    figures: bool = True,
 ) -> str | None:
     """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`), then
-    `summarize_study`. For the driver: a summary that cannot be written (a store briefly
-    unavailable) never stops the study; returns a one-line warning instead."""
+    `summarize_study` (``figures``: redraw the study figures; the end of `run`/`resume` always
+    does). For the driver: a summary that cannot be written (a store briefly unavailable) never
+    stops the study; returns a one-line warning instead."""
     try:
         if optuna_storage and ended:
             persist_ended(study, optuna_storage, list(ended))
-        optuna_study = load_optuna_study(study.name, optuna_storage) if optuna_storage else None
-        summarize_study(study, uri, exp_id, parent_run_id, optuna_study)
+        # only the importances figure reads the Optuna study
+        load = optuna_storage and figures
+        optuna_study = load_optuna_study(study.name, optuna_storage) if load else None
+        summarize_study(study, uri, exp_id, parent_run_id, optuna_study, figures=figures)
     except Exception as exc:
         return f"[calibtune] warning: parent-run summary not updated ({type(exc).__name__}: " + (
             " ".join(str(exc).split())[:200] + ")"
