@@ -147,28 +147,29 @@ def _figures(
     study: StudyConfig, ref: StudyRef, df: Any, optuna_study: Any | None, out: Path
 ) -> list[str]:
     from calibtune.plots import _study as P
-
-    def save(fig: Any, name: str) -> None:
-        fig.savefig(out / name, dpi=100)
+    from calibtune.plots._render import drawing, save_png
 
     notes: list[str] = []
     df = df[df["status"] != "running"].sort_values("start_time", kind="stable")
     objective, mode = ref.objectives[0]
-    if objective in df:
-        save(P.plot_objective_history(df[objective].tolist(), objective, mode), "objective.png")
     params = {c[len("param:") :]: df[c].tolist() for c in df.columns if c.startswith("param:")}
     series = {m: df[m].tolist() for m in ECE_SERIES if m in df}
-    if series:
-        save(P.plot_metric_vs_params(params, series), "ece_vs_params.png")
-    if len(ref.objectives) > 1 and all(m in df for m, _ in ref.objectives):
-        values = df[[m for m, _ in ref.objectives]].to_numpy(float)
-        mask = pareto_mask(values, [d for _, d in ref.objectives])
-        save(P.plot_pareto(values, mask, [m for m, _ in ref.objectives]), "pareto.png")
     importances, why = param_importances(optuna_study)
-    if importances:
-        save(P.plot_importances(importances), "importances.png")
-    else:
-        notes.append(f"no importances: {why}")
+    with drawing():  # unhinted text, the garbage collector paused (`calibtune.plots._render`)
+        if objective in df:
+            fig = P.plot_objective_history(df[objective].tolist(), objective, mode)
+            save_png(fig, out / "objective.png")
+        if series:
+            save_png(P.plot_metric_vs_params(params, series), out / "ece_vs_params.png")
+        if len(ref.objectives) > 1 and all(m in df for m, _ in ref.objectives):
+            values = df[[m for m, _ in ref.objectives]].to_numpy(float)
+            mask = pareto_mask(values, [d for _, d in ref.objectives])
+            fig = P.plot_pareto(values, mask, [m for m, _ in ref.objectives])
+            save_png(fig, out / "pareto.png")
+        if importances:
+            save_png(P.plot_importances(importances), out / "importances.png")
+        else:
+            notes.append(f"no importances: {why}")
     return notes
 
 
