@@ -15,8 +15,11 @@ import what the study's driver holds (torch, Ray Tune, MLflow, Optuna), so that 
 collection traverses a driver-sized heap.
 
 Usage: python bench/bench_figures.py --artifacts DIR --baseline CHECKOUT [--rounds 10]
-    [--trials 16] [--light] [--profile]
-(--profile: a cProfile of one `save_trial_figures` call in this checkout, top 25, and exit.)
+    [--trials 16] [--light] [--profile] [--refresh-store COPY]
+(--profile: a cProfile of one `save_trial_figures` call in this checkout, top 25, and exit;
+--refresh-store: a per-trial refresh of the parent run with and without the study figures
+(`FigureThrottle`), alternated, on a copy of a finished quickstart run's folder — its
+``mlflow.db`` with artifact paths inside the copy, and ``studies/quickstart/`` — and exit.)
 """
 
 from __future__ import annotations
@@ -140,6 +143,35 @@ def profile(artifacts: str) -> None:
     pstats.Stats(pr).strip_dirs().sort_stats("tottime").print_stats(25)
 
 
+def refresh_rounds(store: Path, rounds: int) -> None:
+    """A per-trial refresh of the parent run with and without the study figures, alternated,
+    on a finished quickstart study's store (``mlflow.db``, ``studies/quickstart/``; it writes
+    the summary again: pass a copy)."""
+    from mlflow.tracking import MlflowClient
+
+    from calibtune.study._config import load_study
+    from calibtune.study._summary import refresh_summary
+    from calibtune.study._tracking import TAG_KIND
+
+    uri, sd = f"sqlite:///{store / 'mlflow.db'}", store / "studies" / "quickstart"
+    study, client = load_study(sd / "study.yaml"), MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(study.experiment).experiment_id
+    runs = client.search_runs([exp], f"tags.`{TAG_KIND}` = 'study'")
+    ids = (uri, exp, runs[0].info.run_id, f"sqlite:///{sd / 'optuna.db'}")
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(rounds + 1):
+        for figures in (True, False):
+            t0 = time.process_time()
+            assert refresh_summary(study, *ids, figures=figures) is None
+            if r:  # the first round warms up
+                times[figures].append(time.process_time() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(
+        f"refresh CPU (median of {rounds}): with figures {med[True]:.3f} s, tables only "
+        f"{med[False]:.3f} s ({med[True] / med[False]:.1f}×)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--artifacts", required=True)
@@ -149,11 +181,14 @@ def main() -> None:
     ap.add_argument("--light", action="store_true", help="workers without the driver's imports")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--refresh-store", type=Path, help="a copy of a finished quickstart store")
     args = ap.parse_args()
     if args.worker:
         return worker(args.artifacts, args.trials, not args.light)
     if args.profile:
         return profile(args.artifacts)
+    if args.refresh_store:
+        return refresh_rounds(args.refresh_store, args.rounds)
     print(f"load average {os.getloadavg()}", flush=True)
     sides = {"baseline": _start(Path(args.baseline), args), "this": _start(ROOT, args)}
     res: dict[tuple[str, str], list[dict[str, float]]] = {}
