@@ -19,7 +19,7 @@ Usage: python bench/bench_figures.py --artifacts DIR --baseline CHECKOUT [--roun
 (--profile: a cProfile of one `save_trial_figures` call in this checkout, top 25, and exit;
 --refresh-store: a per-trial refresh of the parent run with and without the study figures
 (`FigureThrottle`), alternated, on a copy of a finished quickstart run's folder — its
-``mlflow.db`` with artifact paths inside the copy, and ``studies/quickstart/`` — and exit.)
+``mlflow.db`` with artifact paths inside the copy, and ``<storage>/quickstart/`` — and exit.)
 """
 
 from __future__ import annotations
@@ -145,15 +145,18 @@ def profile(artifacts: str) -> None:
 
 def refresh_rounds(store: Path, rounds: int) -> None:
     """A per-trial refresh of the parent run with and without the study figures, alternated,
-    on a finished quickstart study's store (``mlflow.db``, ``studies/quickstart/``; it writes
-    the summary again: pass a copy)."""
+    on a finished quickstart study's folder (``mlflow.db``, ``<storage>/quickstart/``; it writes
+    the summary again: pass a copy, or the folder of a run made for the bench)."""
     from mlflow.tracking import MlflowClient
 
     from calibtune.study._config import load_study
     from calibtune.study._summary import refresh_summary
     from calibtune.study._tracking import TAG_KIND
 
-    uri, sd = f"sqlite:///{store / 'mlflow.db'}", store / "studies" / "quickstart"
+    uri, sd = (
+        f"sqlite:///{store / 'mlflow.db'}",
+        next(store.glob("**/quickstart/study.yaml")).parent,
+    )
     study, client = load_study(sd / "study.yaml"), MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     exp = client.get_experiment_by_name(study.experiment).experiment_id
     runs = client.search_runs([exp], f"tags.`{TAG_KIND}` = 'study'")

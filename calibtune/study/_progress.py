@@ -85,11 +85,13 @@ class FigureThrottle:
     drawing refresh, ``took`` being how long that refresh ran. The tables are rewritten at every
     refresh; the end of `run`/`resume` always redraws (`calibtune.study._search`).
 
-    Why these defaults: a drawing refresh took 1.5–5.5 s of the driver's CPU (more under load,
-    more with more trials), redone at every trial's end while two trials share the same two
-    cores (issue 13, bench/README.md "Driver CPU per trial in a study"). 30 s is about the span
-    of one quickstart trial, so the figures still follow a running study; ``factor = 10`` keeps
-    the drawing at most ≈ 10 % of the driver's wall time however slow it gets."""
+    Why these defaults: with the figures a refresh took 5× the CPU of the tables alone (0.39 s
+    vs 0.07 s for the 8-trial quickstart on an idle core; 5.5 s under load before the figures
+    got cheaper), redone at every trial's end while the trials need the same cores (issue 13,
+    bench/README.md "Driver CPU per trial in a study"). 30 s keeps a running study's figures at
+    most half a minute behind its tables (a quickstart's trials take 25–60 s in all: one or two
+    drawings before the final one, instead of eight); ``factor = 10`` keeps the drawing under ≈ 10 % of the driver's time however slow it
+    gets (many trials, a loaded machine)."""
 
     def __init__(
         self,
