@@ -86,12 +86,12 @@ class FigureThrottle:
     refresh; the end of `run`/`resume` always redraws (`calibtune.study._search`).
 
     Why these defaults: with the figures a refresh took 5× the CPU of the tables alone (0.39 s
-    vs 0.07 s for the 8-trial quickstart on an idle core; 5.5 s under load before the figures
-    got cheaper), redone at every trial's end while the trials need the same cores (issue 13,
+    vs 0.07 s for the 8-trial quickstart, at load 2.3; 5.5 s under load before the figures got
+    cheaper), redone at every trial's end while the trials need the same cores (issue 13,
     bench/README.md "Driver CPU per trial in a study"). 30 s keeps a running study's figures at
     most half a minute behind its tables (a quickstart's trials take 25–60 s in all: one or two
-    drawings before the final one, instead of eight); ``factor = 10`` keeps the drawing under ≈ 10 % of the driver's time however slow it
-    gets (many trials, a loaded machine)."""
+    drawings before the final one, instead of eight); ``factor = 10`` keeps the drawing under
+    ≈ 10 % of the driver's time however slow it gets (many trials, a loaded machine)."""
 
     def __init__(
         self,
