@@ -1,6 +1,7 @@
 """The parent run as the study's summary: fixed settings as params, the best value and trial,
-the comparison and report tables, and study-level figures; refreshed whenever a trial ends, at
-the end of `run`/`resume`.
+the comparison and report tables, and study-level figures; refreshed whenever a trial ends (the
+figures only now and then: `calibtune.study._progress.FigureThrottle`) and at the end of
+`run`/`resume` (figures always).
 
 Everything is read back from MLflow (the child runs) and, for importances, from the study's
 Optuna storage, so a refresh after a restore sees every trial of every session.
