@@ -150,7 +150,8 @@ def refresh_rounds(store: Path, rounds: int) -> None:
     from mlflow.tracking import MlflowClient
 
     from calibtune.study._config import load_study
-    from calibtune.study._summary import refresh_summary
+    from calibtune.study._optuna import open_optuna_study
+    from calibtune.study._summary import rdb_storage, refresh_summary
     from calibtune.study._tracking import TAG_KIND
 
     uri, sd = (
@@ -168,6 +169,18 @@ def refresh_rounds(store: Path, rounds: int) -> None:
             assert refresh_summary(study, *ids, figures=figures) is None
             if r:  # the first round warms up
                 times[figures].append(time.process_time() - t0)
+    opens: dict[str, list[float]] = {"url": [], "open": []}
+    for r in range(rounds + 1):  # opening the study from its URL vs on one open RDBStorage
+        for how, storage in (("url", ids[3]), ("open", rdb_storage(ids[3]))):
+            t0 = time.process_time()
+            open_optuna_study(study, storage)
+            if r:
+                opens[how].append(time.process_time() - t0)
+    print(
+        f"open the Optuna study (median of {rounds}): from its URL "
+        f"{1e3 * statistics.median(opens['url']):.1f} ms, on one open storage "
+        f"{1e3 * statistics.median(opens['open']):.1f} ms"
+    )
     med = {k: statistics.median(v) for k, v in times.items()}
     print(
         f"refresh CPU (median of {rounds}): with figures {med[True]:.3f} s, tables only "

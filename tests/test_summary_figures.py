@@ -99,3 +99,22 @@ def test_a_refresh_inside_the_window_keeps_the_figures_and_the_end_redraws(tmp_p
     assert refresh_summary(study, uri, exp, parent) is None
     final = _summary(client, parent, tmp_path / "3")
     assert all(final[f] != first[f] for f in figs)  # redrawn with the second trial
+
+
+@pytest.mark.timeout(120)
+def test_refreshes_record_ended_trials_once_through_one_open_optuna_storage(tmp_path) -> None:
+    import optuna
+
+    from calibtune.study._summary import load_optuna_study, rdb_storage
+
+    study = load_study("studies/quickstart.yaml")
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", f"sqlite:///{tmp_path / 'optuna.db'}"
+    exp = experiment_id(uri, "storage")
+    parent = MlflowClient(uri).create_run(exp).info.run_id
+    _trial(uri, exp, parent, 0, 0.08)
+    ended = [("t0", {"loss": "cross_entropy"}, {"calibtune/done": 1, "val/ece@ts": 0.04}, False)]
+    for _ in range(2):  # the second refresh finds the trial recorded
+        assert refresh_summary(study, uri, exp, parent, storage, ended=ended) is None
+    assert rdb_storage(storage) is rdb_storage(storage)
+    trials = load_optuna_study("quickstart", storage).get_trials(deepcopy=False)
+    assert [(t.state, t.values) for t in trials] == [(optuna.trial.TrialState.COMPLETE, [0.04])]
