@@ -92,7 +92,12 @@ def worker(artifacts: str, trials: int, heavy: bool) -> None:
     from calibtune.study._summary import _figures
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-figures-"))
+    with tempfile.TemporaryDirectory(prefix="bench-figures-") as t:
+        _answer(Path(t), artifacts, trials, save_trial_figures, _figures)
+
+
+def _answer(tmp: Path, artifacts: str, trials: int, save_trial_figures: Any, _figures: Any) -> None:
+    """The worker's loop, in the temporary folder ``tmp``."""
     for f in Path(artifacts).glob("*.json"):
         shutil.copy(f, tmp)
     ref, df, ot = _study_inputs(trials)
@@ -134,12 +139,12 @@ def profile(artifacts: str) -> None:
 
     from calibtune.plots import save_trial_figures
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench-figures-"))
-    for f in Path(artifacts).glob("*.json"):
-        shutil.copy(f, tmp)
-    save_trial_figures(tmp)
-    with cProfile.Profile() as pr:
-        save_trial_figures(tmp)
+    with tempfile.TemporaryDirectory(prefix="bench-figures-") as t:
+        for f in Path(artifacts).glob("*.json"):
+            shutil.copy(f, t)
+        save_trial_figures(t)
+        with cProfile.Profile() as pr:
+            save_trial_figures(t)
     pstats.Stats(pr).strip_dirs().sort_stats("tottime").print_stats(25)
 
 
