@@ -25,6 +25,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from calibtune.plots._layout import TITLE_Y, margins
+from calibtune.plots._render import drawing, save_png
 from calibtune.plots._selective import plot_risk_coverage
 from calibtune.plots._shift import plot_shift
 
@@ -50,8 +51,9 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
     cols = min(3, n)
     rows = math.ceil(n / cols)
     fig = Figure(figsize=(3.6 * cols, 3.6 * rows))
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for ax, (name, t) in zip(axes.flat, tables.items(), strict=False):
+    # one accuracy scale: the y tick labels and label only on the first column
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
+    for i, (ax, (name, t)) in enumerate(zip(axes.flat, tables.items(), strict=False)):
         lower, upper = _nan(t["lower"]), _nan(t["upper"])
         acc, conf, count = _nan(t["acc"]), _nan(t["conf"]), _nan(t["count"])
         width = upper - lower
@@ -70,7 +72,7 @@ def plot_reliability(tables: Mapping[str, Mapping[str, Sequence[float]]]) -> Fig
         ax.plot([0, 1], [0, 1], "k--", lw=1)
         total = count[ok].sum()
         ece = float((count[ok] / total * np.abs(conf[ok] - acc[ok])).sum()) if total else 0.0
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="accuracy")
+        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence", ylabel="" if i % cols else "accuracy")
         ax.set_title(f"{name} (ECE {100 * ece:.2f}%)", y=TITLE_Y)
         ax.legend(loc="upper left", fontsize=7)
     for ax in list(axes.flat)[len(tables) :]:
@@ -142,31 +144,21 @@ def plot_roc(curves: Mapping[str, Mapping[str, Sequence[float]]]) -> Figure:
 
 
 def save_trial_figures(artifacts_dir: str | os.PathLike[str]) -> list[Path]:
-    """Render every figure whose data file exists in ``artifacts_dir`` into ``figures/``."""
+    """Render every figure whose data file exists in ``artifacts_dir`` into ``figures/``
+    (`calibtune.plots._render.drawing`: unhinted text, the garbage collector paused)."""
     d = Path(artifacts_dir)
     out_dir = d / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
+    plots = (
+        ("reliability.json", plot_reliability, "reliability.png"),
+        ("gamma_history.json", plot_gamma_dynamics, "gamma_dynamics.png"),
+        ("roc.json", plot_roc, "roc.png"),
+        ("shift.json", plot_shift, "shift.png"),
+        ("risk_coverage.json", plot_risk_coverage, "risk_coverage.png"),
+    )
     written: list[Path] = []
-
-    def save(fig: Figure, name: str) -> None:
-        path = out_dir / name
-        fig.savefig(path, dpi=100, pil_kwargs={"compress_level": 1})  # fast zlib level
-        written.append(path)
-
-    if (d / "reliability.json").is_file():
-        save(plot_reliability(json.loads((d / "reliability.json").read_text())), "reliability.png")
-    if (d / "gamma_history.json").is_file():
-        hist = json.loads((d / "gamma_history.json").read_text())
-        if hist:
-            save(plot_gamma_dynamics(hist), "gamma_dynamics.png")
-    if (d / "roc.json").is_file():
-        roc = json.loads((d / "roc.json").read_text())
-        if roc:
-            save(plot_roc(roc), "roc.png")
-    if (d / "shift.json").is_file() and (shift := json.loads((d / "shift.json").read_text())):
-        save(plot_shift(shift), "shift.png")
-    if (d / "risk_coverage.json").is_file() and (
-        rc := json.loads(d.joinpath("risk_coverage.json").read_text())
-    ):
-        save(plot_risk_coverage(rc), "risk_coverage.png")
+    with drawing():
+        for source, plot, name in plots:
+            if (d / source).is_file() and (data := json.loads((d / source).read_text())):
+                written.append(save_png(plot(data), out_dir / name))
     return written

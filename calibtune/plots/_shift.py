@@ -28,7 +28,9 @@ def plot_shift(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Figure:
     metrics = [m for m in rows[0][2] if m != "severities"] if rows else []
     n_rows, n_cols = max(1, len(rows)), max(1, len(metrics))
     fig = Figure(figsize=(3.2 * n_cols, 2.8 * n_rows))
-    axes = fig.subplots(n_rows, n_cols, squeeze=False)
+    # every row on the same severities: one x axis, its tick labels on the bottom row only
+    shared = len({tuple(c["severities"]) for _, _, c in rows}) == 1
+    axes = fig.subplots(n_rows, n_cols, squeeze=False, sharex=shared)
     for r, (side, name, curve) in enumerate(rows):
         sev = np.asarray(curve["severities"], dtype=float)
         for c, metric in enumerate(metrics):
@@ -39,7 +41,7 @@ def plot_shift(data: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Figure:
                 style = {"color": "k", "lw": 2} if method == "uncalibrated" else {"lw": 1}
                 ax.plot(sev, y, marker="o", ms=3, label=method, **style)
             ax.set_xticks(sev)
-            ax.set_xlabel("severity")
+            ax.set_xlabel("severity" if not shared or r == n_rows - 1 else "")
             ax.set_ylabel(metric if metric == "nll" else f"{metric} (%)")
             ax.set_title(f"{name} ({_SIDE.get(side, side)})", fontsize=8, y=TITLE_Y)
     if rows and metrics:

@@ -84,7 +84,8 @@ def plot_metric_vs_params(
     and after TS) against the parameter's value, for the trials that have the parameter."""
     names = list(params) or ["(no searched parameters)"]
     fig = _figure((3.2 * len(names), 3))
-    axes = fig.subplots(1, len(names), squeeze=False)
+    # the same metrics in every panel: one y scale, its tick labels on the first panel only
+    axes = fig.subplots(1, len(names), squeeze=False, sharey=True)
     longest = 0  # characters of the longest categorical tick label (rotated 30°)
     for ax, name in zip(axes[0], names, strict=True):
         ax.set_title(name, fontsize=9, y=TITLE_Y)

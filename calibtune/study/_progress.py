@@ -3,7 +3,8 @@ Tune's view of each trial, and a storage guard that stops the study before the d
 
 The parent run's summary is refreshed off Tune's event loop (`SummaryWorker`), so that a
 finished trial's slot is refilled at once; the same thread first draws the figures the ended
-trials left to the driver (`render_deferred_figures`). What `run_study` reads back after
+trials left to the driver (`render_deferred_figures`), and redraws the study figures only now
+and then (`FigureThrottle`). What `run_study` reads back after
 ``Tuner.fit`` (`drain_summaries`, `guard_message`) is kept per study in this module, not on the
 callback objects: on ``resume`` Tune runs the callbacks it unpickled from its own state, not ours.
 """
@@ -77,7 +78,42 @@ class SummaryWorker:
             thread.join()
 
 
+class FigureThrottle:
+    """When a per-trial refresh of the parent run redraws the study figures (objective history,
+    ECE vs parameters, Pareto front, importances): at the first refresh, then once at least
+    ``wait = max(min_wait_s, factor × took)`` seconds have passed since the end of the last
+    drawing refresh, ``took`` being how long that refresh ran. The tables are rewritten at every
+    refresh; the end of `run`/`resume` always redraws (`calibtune.study._search`).
+
+    Why these defaults: with the figures a refresh took 5× the CPU of the tables alone (0.39 s
+    vs 0.07 s for the 8-trial quickstart, at load 2.3; 5.5 s under load before the figures got
+    cheaper), redone at every trial's end while the trials need the same cores (issue 13,
+    bench/README.md "Driver CPU per trial in a study"). 30 s keeps a running study's figures at
+    most half a minute behind its tables (a quickstart's trials take 25–60 s in all: one or two
+    drawings before the final one, instead of eight); ``factor = 10`` keeps the drawing under
+    ≈ 10 % of the driver's time however slow it gets (many trials, a loaded machine)."""
+
+    def __init__(
+        self,
+        min_wait_s: float = 30.0,
+        factor: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.min_wait_s, self.factor, self.clock = min_wait_s, factor, clock
+        self._last: float | None = None  # clock() at the end of the last drawing refresh
+        self._wait = min_wait_s
+
+    def due(self) -> bool:
+        return self._last is None or self.clock() - self._last >= self._wait
+
+    def drawn(self, took: float) -> None:
+        """Record a drawing refresh that just ended after ``took`` seconds."""
+        self._last = self.clock()
+        self._wait = max(self.min_wait_s, self.factor * took)
+
+
 _WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (driver process)
+_THROTTLES: dict[str, FigureThrottle] = {}  # parent run id -> when its study figures are due
 _FIGURES: dict[str, Callable[[], None]] = {}  # study name -> render its trials' deferred figures
 _GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
 
@@ -88,18 +124,24 @@ def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> Summa
     return _WORKERS.setdefault(parent_run_id, SummaryWorker(refresh))
 
 
+def _throttle(parent_run_id: str) -> FigureThrottle:
+    return _THROTTLES.setdefault(parent_run_id, FigureThrottle())  # (see `_worker`)
+
+
 def _register_figures(study_name: str, render: Callable[[], None]) -> None:
     _FIGURES[study_name] = render  # (a function in the closure: see `_worker`)
 
 
 def drain_summaries() -> None:
     """Wait for every study's summary refreshes in this process (a resumed study's callbacks
-    may still name the parent run its first session had), then forget the workers: a later
-    study in this process (a `resume` of the same parent run) gets its own. Then render the
-    trial figures still deferred (`render_deferred_figures`; a resumed study's too, left by a
-    driver that died first), so that every finished trial's run has them when the study ends."""
+    may still name the parent run its first session had), then forget the workers and their
+    figure throttles: a later study in this process (a `resume` of the same parent run) gets its
+    own. Then render the trial figures still deferred (`render_deferred_figures`; a resumed
+    study's too, left by a driver that died first), so that every finished trial's run has them
+    when the study ends."""
     while _WORKERS:
         _WORKERS.popitem()[1].drain()
+    _THROTTLES.clear()  # the final refresh (after this) redraws in any case
     while _FIGURES:
         _FIGURES.popitem()[1]()
 
@@ -150,11 +192,15 @@ def study_callbacks(
     ]
 
 
-def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
-    from ray.tune import Callback
+def _refresher(
+    study: StudyConfig, payload: StudyPayload, optuna_storage: str | None
+) -> tuple[Callable[[], None], Callable[[list[Ended]], None]]:
+    """``(figures, refresh)`` for a study's driver: ``figures()`` draws the trial figures the
+    ended trials left to it; ``refresh(batch)`` does that, records the batch in the Optuna
+    storage and refreshes the parent run (its study figures when `FigureThrottle` says so)."""
+    draws = study.base_config().eval.figures  # else no trial defers any (`_trainable`)
 
     def figures() -> None:
-        """The trial figures the ended trials left to the driver (one thread at a time)."""
         if not draws:
             return
         try:
@@ -162,27 +208,28 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
         except Exception as exc:  # left tagged: the next refresh or the study's end redoes it
             print(f"[calibtune] warning: trial figures not rendered ({exc!r:.200})", flush=True)
 
-    draws = study.base_config().eval.figures  # else no trial defers any (`_trainable`)
-
     def refresh(batch: list[Ended]) -> None:
-        """Render the ended trials' figures, record the trials in the Optuna storage, then
-        refresh the parent run."""
         figures()
-        warning = refresh_summary(
-            study,
-            payload.tracking_uri,
-            payload.experiment_id,
-            payload.parent_run_id,
-            optuna_storage,
-            ended=batch,
-        )
+        ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
+        throttle = _throttle(payload.parent_run_id)
+        draw, t0 = throttle.due(), time.monotonic()
+        warning = refresh_summary(study, *ids, optuna_storage, ended=batch, figures=draw)
+        if draw and warning is None:  # else the next refresh tries to draw again
+            throttle.drawn(time.monotonic() - t0)
         if warning:
             print(warning, flush=True)
-        ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
         try:
             mark_feasibility(study.search.constraints, *ids)  # relative bounds moved
         except Exception as exc:  # a store briefly unavailable: the next refresh redoes it
             print(f"[calibtune] warning: feasibility tags not updated ({exc!r:.200})", flush=True)
+
+    return figures, refresh
+
+
+def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
+    from ray.tune import Callback
+
+    figures, refresh = _refresher(study, payload, optuna_storage)
 
     def summarize(trial: Any, failed: bool) -> None:
         _worker(payload.parent_run_id, refresh).submit(

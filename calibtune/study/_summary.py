@@ -1,6 +1,7 @@
 """The parent run as the study's summary: fixed settings as params, the best value and trial,
-the comparison and report tables, and study-level figures; refreshed whenever a trial ends, at
-the end of `run`/`resume`.
+the comparison and report tables, and study-level figures; refreshed whenever a trial ends (the
+figures only now and then: `calibtune.study._progress.FigureThrottle`) and at the end of
+`run`/`resume` (figures always).
 
 Everything is read back from MLflow (the child runs) and, for importances, from the study's
 Optuna storage, so a refresh after a restore sees every trial of every session.
@@ -8,6 +9,7 @@ Optuna storage, so a refresh after a restore sees every trial of every session.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import tempfile
@@ -87,8 +89,13 @@ def summarize_study(
     exp_id: str,
     parent_run_id: str,
     optuna_study: Any | None = None,
+    figures: bool = True,
 ) -> list[str]:
-    """Refresh the parent run's summary; returns the notes on what was skipped and why."""
+    """Refresh the parent run's summary; returns the notes on what was skipped and why.
+
+    ``figures=False`` writes the tables, best-trial tags and metric but leaves the study figures
+    (``summary/figures/*``) as the last drawing logged them: MLflow's ``log_artifacts`` adds and
+    overwrites files, it never removes any, so they stay in place until the next drawing."""
     from mlflow.entities import Param
 
     client = _client(uri)
@@ -113,9 +120,9 @@ def summarize_study(
         for stem, table in tables:
             (out / f"{stem}.md").write_text(format_table(table, "markdown"))
             (out / f"{stem}.csv").write_text(format_table(table, "csv"))
-        figures = out / "figures"
-        figures.mkdir()
-        notes += _figures(study, ref, df, optuna_study, figures)
+        if figures:
+            (out / "figures").mkdir()
+            notes += _figures(study, ref, df, optuna_study, out / "figures")
         client.log_artifacts(parent_run_id, str(out), artifact_path="summary")
     if notes:
         client.set_tag(parent_run_id, "calibtune.summary_notes", "; ".join(notes)[:5000])
@@ -142,28 +149,29 @@ def _figures(
     study: StudyConfig, ref: StudyRef, df: Any, optuna_study: Any | None, out: Path
 ) -> list[str]:
     from calibtune.plots import _study as P
-
-    def save(fig: Any, name: str) -> None:
-        fig.savefig(out / name, dpi=100)
+    from calibtune.plots._render import drawing, save_png
 
     notes: list[str] = []
     df = df[df["status"] != "running"].sort_values("start_time", kind="stable")
     objective, mode = ref.objectives[0]
-    if objective in df:
-        save(P.plot_objective_history(df[objective].tolist(), objective, mode), "objective.png")
     params = {c[len("param:") :]: df[c].tolist() for c in df.columns if c.startswith("param:")}
     series = {m: df[m].tolist() for m in ECE_SERIES if m in df}
-    if series:
-        save(P.plot_metric_vs_params(params, series), "ece_vs_params.png")
-    if len(ref.objectives) > 1 and all(m in df for m, _ in ref.objectives):
-        values = df[[m for m, _ in ref.objectives]].to_numpy(float)
-        mask = pareto_mask(values, [d for _, d in ref.objectives])
-        save(P.plot_pareto(values, mask, [m for m, _ in ref.objectives]), "pareto.png")
     importances, why = param_importances(optuna_study)
-    if importances:
-        save(P.plot_importances(importances), "importances.png")
-    else:
-        notes.append(f"no importances: {why}")
+    with drawing():  # unhinted text, the garbage collector paused (`calibtune.plots._render`)
+        if objective in df:
+            fig = P.plot_objective_history(df[objective].tolist(), objective, mode)
+            save_png(fig, out / "objective.png")
+        if series:
+            save_png(P.plot_metric_vs_params(params, series), out / "ece_vs_params.png")
+        if len(ref.objectives) > 1 and all(m in df for m, _ in ref.objectives):
+            values = df[[m for m, _ in ref.objectives]].to_numpy(float)
+            mask = pareto_mask(values, [d for _, d in ref.objectives])
+            fig = P.plot_pareto(values, mask, [m for m, _ in ref.objectives])
+            save_png(fig, out / "pareto.png")
+        if importances:
+            save_png(P.plot_importances(importances), out / "importances.png")
+        else:
+            notes.append(f"no importances: {why}")
     return notes
 
 
@@ -193,15 +201,20 @@ def refresh_summary(
     parent_run_id: str,
     optuna_storage: str | None = None,
     ended: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None, bool]] = (),
+    figures: bool = True,
 ) -> str | None:
     """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`), then
-    `summarize_study`. For the driver: a summary that cannot be written (a store briefly
-    unavailable) never stops the study; returns a one-line warning instead."""
+    `summarize_study` (``figures``: redraw the study figures; the end of `run`/`resume` always
+    does). For the driver: a summary that cannot be written (a store briefly unavailable) never
+    stops the study; returns a one-line warning instead."""
     try:
-        if optuna_storage and ended:
-            persist_ended(study, optuna_storage, list(ended))
-        optuna_study = load_optuna_study(study.name, optuna_storage) if optuna_storage else None
-        summarize_study(study, uri, exp_id, parent_run_id, optuna_study)
+        storage = rdb_storage(optuna_storage) if optuna_storage else None
+        if storage is not None and ended:
+            persist_ended(study, storage, list(ended))
+        # only the importances figure reads the Optuna study
+        load = storage is not None and figures
+        optuna_study = load_optuna_study(study.name, storage) if load else None
+        summarize_study(study, uri, exp_id, parent_run_id, optuna_study, figures=figures)
     except Exception as exc:
         return f"[calibtune] warning: parent-run summary not updated ({type(exc).__name__}: " + (
             " ".join(str(exc).split())[:200] + ")"
@@ -209,8 +222,18 @@ def refresh_summary(
     return None
 
 
-def load_optuna_study(name: str, storage: str) -> Any | None:
-    """The study's Optuna study from its RDB storage, or None when it has none yet."""
+@functools.lru_cache(maxsize=8)
+def rdb_storage(url: str) -> Any:
+    """One Optuna `RDBStorage` per URL for the driver's refreshes, which open the study at every
+    trial's end: from its URL (a new engine, the schema check) that took 25 ms of CPU, on an open
+    storage 2.9 ms (bench/README.md, "Driver CPU per trial in a study")."""
+    with quiet_optuna():
+        return optuna.storages.RDBStorage(url)
+
+
+def load_optuna_study(name: str, storage: Any) -> Any | None:
+    """The study's Optuna study from its RDB storage (a URL or an `RDBStorage`), or None when it
+    has none yet."""
     try:
         with quiet_optuna():
             return optuna.load_study(study_name=name, storage=storage)
