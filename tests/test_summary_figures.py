@@ -118,3 +118,22 @@ def test_refreshes_record_ended_trials_once_through_one_open_optuna_storage(tmp_
     assert rdb_storage(storage) is rdb_storage(storage)
     trials = load_optuna_study("quickstart", storage).get_trials(deepcopy=False)
     assert [(t.state, t.values) for t in trials] == [(optuna.trial.TrialState.COMPLETE, [0.04])]
+
+
+def test_a_replaced_optuna_file_gets_a_storage_of_its_own(tmp_path) -> None:
+    import optuna
+
+    from calibtune.study._summary import load_optuna_study, rdb_storage
+
+    db = tmp_path / "optuna.db"
+    url = f"sqlite:///{db}"
+    optuna.create_study(study_name="old", storage=url)
+    first = rdb_storage(url)
+    assert load_optuna_study("old", first) is not None
+    db.unlink()  # the study folder removed, then the study run again in this process
+    optuna.create_study(study_name="new", storage=url)
+    second = rdb_storage(url)
+    assert second is not first
+    study = load_optuna_study("new", second)
+    study.add_trial(optuna.trial.create_trial(value=1.0))  # writes to the new file
+    assert len(study.get_trials()) == 1 and load_optuna_study("old", second) is None

@@ -185,7 +185,7 @@ def quiet_optuna() -> Iterator[None]:
         optuna.logging.set_verbosity(level)
 
 
-def open_optuna_study(study: StudyConfig, storage: str) -> Any:
+def open_optuna_study(study: StudyConfig, storage: str | optuna.storages.BaseStorage) -> Any:
     """The study's Optuna study in ``storage`` (created on first use, directions from the
     objectives)."""
     directions = ["minimize" if o.mode == "min" else "maximize" for o in study.search.objectives]
@@ -257,7 +257,7 @@ def ended_state(
 
 def persist_ended(
     study: StudyConfig,
-    storage: str,
+    storage: str | optuna.storages.BaseStorage,
     ended: list[tuple[str, dict[str, Any], dict[str, Any] | None, bool]],
 ) -> int:
     """Record ended Tune trials ``(trial id, config, last result, failed)`` in the study's

@@ -222,11 +222,22 @@ def refresh_summary(
     return None
 
 
-@functools.lru_cache(maxsize=8)
 def rdb_storage(url: str) -> Any:
     """One Optuna `RDBStorage` per URL for the driver's refreshes, which open the study at every
     trial's end: from its URL (a new engine, the schema check) that took 25 ms of CPU, on an open
-    storage 2.9 ms (bench/README.md, "Driver CPU per trial in a study")."""
+    storage 2.9 ms (bench/README.md, "Driver CPU per trial in a study"). A SQLite file replaced
+    since (a study folder removed and run again in this process) gets a storage of its own: an
+    engine's pooled connection would still point at the removed file."""
+    path = Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
+    try:
+        identity = (path.stat().st_dev, path.stat().st_ino) if path else None
+    except OSError:
+        identity = None
+    return _rdb_storage(url, identity)
+
+
+@functools.lru_cache(maxsize=8)
+def _rdb_storage(url: str, identity: tuple[int, int] | None) -> Any:
     with quiet_optuna():
         return optuna.storages.RDBStorage(url)
 
