@@ -149,7 +149,7 @@ def _figures(
     study: StudyConfig, ref: StudyRef, df: Any, optuna_study: Any | None, out: Path
 ) -> list[str]:
     from calibtune.plots import _study as P
-    from calibtune.plots._render import drawing, save_png
+    from calibtune.plots import drawing, save_png
 
     notes: list[str] = []
     df = df[df["status"] != "running"].sort_values("start_time", kind="stable")
