@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .binning import equal_mass_order, equal_mass_sizes, equal_width_ids
+from .binning import equal_mass_order, equal_width_ids
 from .keys import REPORT_KEYS
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
@@ -152,9 +152,16 @@ class _Sorted:
         return c_at.diff(dim=1), a_at.diff(dim=1)
 
 
+def _equal_mass_bounds(n: int, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Position of boundary j of b equal-mass groups of n (sizes differ by at most one, the
+    larger first, as `binning.equal_mass_sizes`); j > b gives n."""
+    return (j * (n // b) + torch.minimum(j, n % b)).clamp_max(n)
+
+
 def _sizes_bounds(n: int, n_bins: int, device: torch.device) -> torch.Tensor:
-    sizes = torch.tensor([0, *equal_mass_sizes(n, n_bins)], device=device)
-    return torch.cumsum(sizes, 0)
+    """The n_bins + 1 equal-mass boundaries of n sorted positions."""
+    j = torch.arange(n_bins + 1, device=device)
+    return _equal_mass_bounds(n, torch.tensor(n_bins, device=device), j)
 
 
 def _adaece(s: _Sorted, n_bins: int) -> torch.Tensor:
@@ -181,12 +188,6 @@ def _ece_debiased(s: _Sorted, n_bins: int) -> torch.Tensor:
     per_bin = (conf_sum / safe - acc).square() - acc * (1 - acc) / (count - 1).clamp_min(1)
     per_bin = torch.where(count >= 2, per_bin, torch.zeros_like(per_bin))
     return (count / s.n * per_bin).sum(1).clamp_min(0).sqrt()
-
-
-def _equal_mass_bounds(n: int, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """Position of boundary j of b equal-mass groups of n (sizes differ by at most one, the
-    larger first, as `equal_mass_sizes`); j > b gives n."""
-    return (j * (n // b) + torch.minimum(j, n % b)).clamp_max(n)
 
 
 def _sweep_monotone(s: _Sorted, counts: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

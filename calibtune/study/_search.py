@@ -75,10 +75,10 @@ def _tracking_uri(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) ->
     return resolve_tracking_uri(tracking_uri or recorded or study.tracking.uri)
 
 
-def _open_parent(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) -> StudyPayload:
-    """Open (or reopen) the parent run and record the study's state atomically."""
+def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
+    """Open (or reopen) the parent run in the store ``uri`` (`_tracking_uri`) and record the
+    study's state atomically."""
     existing = sd.read_state() if sd.state_file.is_file() else None
-    uri = _tracking_uri(study, sd, tracking_uri)
     artifacts = [Path(study.path)] if study.path else []
     artifacts += sorted({Path(c.loss.path) for c in study.losses if c.loss.path})
     parent = open_study_run(
@@ -162,10 +162,11 @@ def run_study(
         return resume_study(sd.path, address=address, verbose=verbose)
     _check_files(study)  # bad input stops here, before anything is written or started
     with sd.lock():
-        with store_created_meanwhile(_tracking_uri(study, sd, tracking_uri)):
+        uri = _tracking_uri(study, sd, tracking_uri)
+        with store_created_meanwhile(uri):
             init_ray(address, verbose=verbose > 0)
             check_cluster(study)
-        payload = _open_parent(study, sd, tracking_uri)
+        payload = _open_parent(study, sd, uri)
         callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)
 
@@ -189,7 +190,7 @@ def resume_study(
         study = sd.read_study()
         init_ray(address, verbose=verbose > 0)
         check_cluster(study)
-        payload = _open_parent(study, sd, None)
+        payload = _open_parent(study, sd, _tracking_uri(study, sd, None))
         try:
             tuner = tune.Tuner.restore(
                 str(sd.path),

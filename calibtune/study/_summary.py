@@ -9,6 +9,7 @@ Optuna storage, so a refresh after a restore sees every trial of every session.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -228,11 +229,11 @@ def rdb_storage(url: str) -> Any:
     storage 2.9 ms (bench/README.md, "Driver CPU per trial in a study"). A SQLite file replaced
     since (a study folder removed and run again in this process) gets a storage of its own: an
     engine's pooled connection would still point at the removed file."""
-    path = Path(url[len("sqlite:///") :]) if url.startswith("sqlite:///") else None
-    try:
-        identity = (path.stat().st_dev, path.stat().st_ino) if path else None
-    except OSError:
-        identity = None
+    identity = None
+    if url.startswith("sqlite:///"):
+        with contextlib.suppress(OSError):  # no file yet: Optuna creates it
+            st = Path(url[len("sqlite:///") :]).stat()
+            identity = (st.st_dev, st.st_ino)
     return _rdb_storage(url, identity)
 
 
