@@ -295,3 +295,27 @@ def test_several_seeds_give_mean_std_and_one_run_per_seed(tmp_path, ray_session)
     m = trial.data.metrics
     assert m["test/ece"] == pytest.approx(sum(per_seed) / 2)
     assert m["test/ece_std"] == pytest.approx(abs(per_seed[0] - per_seed[1]) / 2)
+
+
+def test_a_study_whose_trials_all_fail_keeps_its_summary_and_each_trials_traceback(
+    tmp_path, ray_session, capsys
+):
+    path = _study(tmp_path, "allfail", num_samples=2, epochs=1)
+    raw = yaml.safe_load(path.read_text())
+    raw["trial"]["optimizer"] = {"lr": 1e4, "momentum": 0.0}  # diverges in the first epoch
+    raw["losses"] = raw["losses"][1:]  # focal: two trials with different γ
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    outcome = run_study(load_study(path), verbose=0)
+    out = capsys.readouterr()
+    assert "summary not updated" not in out.out + out.err
+    client = MlflowClient(outcome.tracking_uri)
+    arts = {a.path for a in client.list_artifacts(outcome.parent_run_id, "summary")}
+    assert {"summary/compare.md", "summary/compare.csv"} <= arts, arts
+    children = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    assert len(children) == 2
+    for child in children:
+        assert child.data.tags["calibtune.error"].startswith("non-finite loss at epoch 1, step ")
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert "error.txt" in names, names

@@ -313,3 +313,32 @@ def test_resuming_a_trial_folder_with_another_config_is_refused(tmp_path: Path) 
     again = run(_cfg(tmp_path, "cross_entropy"))
     assert again.epochs_completed == 2 and again.metrics == first.metrics
     assert again.wall_time_s == first.wall_time_s
+
+
+def test_a_failed_trial_names_calibtunes_frame_epoch_and_step(tmp_path: Path, monkeypatch) -> None:
+    """An unexpected error mid-epoch (a CPU tensor meeting a device tensor, say) is reported as
+    one line naming calibtune's innermost frame, the epoch and the step; the traceback is in
+    artifacts/error.txt."""
+    from calibtune.data import load_splits
+    from calibtune.losses._base import CalibrationLoss
+
+    per_epoch = -(-len(load_splits("digits", seed=3).train) // 64)
+    calls = {"n": 0}
+    original = CalibrationLoss.__call__
+
+    def fail_at_step_3_of_epoch_2(self: Any, *args: Any, **kw: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == per_epoch + 3:
+            raise RuntimeError("Expected all tensors to be on the same device (planted)")
+        return original(self, *args, **kw)
+
+    monkeypatch.setattr(CalibrationLoss, "__call__", fail_at_step_3_of_epoch_2)
+    cfg = _cfg(tmp_path)
+    with pytest.raises(TrialFailedError) as info:
+        run(cfg)
+    msg = str(info.value)
+    assert msg.startswith("RuntimeError: Expected all tensors to be on the same device (planted)")
+    assert "at calibtune/training/_loop.py:" in msg and "in _step" in msg
+    assert msg.endswith("epoch 2, step 3)")
+    text = (tmp_path / cfg.name / "artifacts" / "error.txt").read_text()
+    assert text.startswith(msg) and "Traceback (most recent call last)" in text

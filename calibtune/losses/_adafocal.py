@@ -267,8 +267,8 @@ class _BinnedGammaLoss(CalibrationLoss):
                 f"{self._synced_len} history records like this rank, got {state['start']}; call "
                 "broadcast_state on every rank after every update"
             )
-        self.gammas.copy_(torch.tensor(state["gammas"], dtype=_F64))
-        self.edges.copy_(torch.tensor(state["edges"], dtype=_F64))
+        self.gammas.copy_(torch.tensor(state["gammas"], dtype=_F64, device=self.gammas.device))
+        self.edges.copy_(torch.tensor(state["edges"], dtype=_F64, device=self.edges.device))
         self.history = self.history[: state["start"]] + state["tail"]
         self._synced_len = len(self.history)
 

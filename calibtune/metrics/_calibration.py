@@ -365,8 +365,8 @@ def reliability_table(
         n = conf.numel()
         ids = equal_mass_ids(n, n_bins, conf.device)
         count, conf_sum, acc_sum = bin_stats(ids, conf, correct, n_bins)
-        starts = torch.cumsum(torch.tensor([0, *equal_mass_sizes(n, n_bins)]), 0)[:-1]
-        first = conf[starts.clamp_max(n - 1).to(conf.device)]
+        sizes = torch.tensor([0, *equal_mass_sizes(n, n_bins)], device=conf.device)
+        first = conf[torch.cumsum(sizes, 0)[:-1].clamp_max(n - 1)]
         # an empty group (n < n_bins) starts where the next non-empty one does: upper edge 1
         first = torch.where(count > 0, first, torch.ones_like(first))
         lower = torch.cat([torch.zeros(1, dtype=_F64, device=conf.device), first[1:]])

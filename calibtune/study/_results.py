@@ -215,6 +215,8 @@ def compare_table(
         out.insert(3, "feasible", feasibility(ref.constraints, df))
     key = sort or objective
     if key not in out.columns:
+        if sort is None:  # the objective was not asked for (or no trial logged it): ended order
+            return out.reset_index(drop=True)
         raise ValueError(f"--sort: expected one of the table's columns, got {key!r}")
     if len(ref.objectives) > 1:  # multi-objective: mark the Pareto front
         out = out.copy()

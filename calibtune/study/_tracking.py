@@ -446,6 +446,15 @@ class MlflowTrialCallback:
         self._send(flat, epoch)
         self._logged_epochs().add(epoch)
 
+    def on_trial_error(self, reason: str, text: str) -> None:
+        """The trial failed: its traceback as the run's ``error.txt``, the one-line reason as
+        the ``calibtune.error`` tag (epochs already sent are flushed first)."""
+        with contextlib.suppress(Exception):
+            self.flush()
+        client = _client(self.uri)
+        client.log_text(self.run_id, text, "error.txt")
+        client.set_tag(self.run_id, TAG_ERROR, reason[:5000])
+
     def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
         self.flush()
         client = _client(self.uri)

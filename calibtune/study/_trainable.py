@@ -230,13 +230,16 @@ def _run_name(label: str, hp: Mapping[str, Any], seeds: tuple[int, ...]) -> str:
 
 
 def trial_resources(study: StudyConfig) -> dict[str, float]:
-    """The Tune trial's own resources: in local mode it trains (1 CPU, or 1 GPU); with Train
-    workers it only drives them (`DRIVER_RESOURCES`)."""
+    """The Tune trial's own resources: in local mode it trains (``resources_per_worker``'s CPU,
+    default 1, and with ``use_gpu`` its GPU, default 1 — a fraction such as 0.25 packs four
+    trials on one GPU through Tune's fractional resources); with Train workers it only drives
+    them (`DRIVER_RESOURCES`)."""
     cfg = study.base_config()
     if cfg.scaling.num_workers == 0:
-        res = {"cpu": float(cfg.scaling.resources_per_worker.get("CPU", 1.0))}
+        per = cfg.scaling.resources_per_worker
+        res = {"cpu": float(per.get("CPU", 1.0))}
         if cfg.scaling.use_gpu:
-            res["gpu"] = 1.0
+            res["gpu"] = float(per.get("GPU", 1.0))
         return res
     return dict(DRIVER_RESOURCES)
 

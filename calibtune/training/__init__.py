@@ -4,6 +4,7 @@
 """
 
 from calibtune.training._batches import (
+    DeviceBatches,
     dataset_tensors,
     epoch_index_batches,
     gather_rows,
@@ -16,19 +17,25 @@ from calibtune.training._loop import (
     EpochCache,
     LoopSpec,
     NonFiniteLossError,
+    Progress,
     epoch_metrics,
     lr_schedule,
     train_epochs,
 )
+from calibtune.training._precision import PRECISIONS, Precision
 from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 from calibtune.training._uncertainty import prediction_name
 
 __all__ = [
+    "PRECISIONS",
+    "DeviceBatches",
     "EpochCache",
     "FinalEvaluation",
     "LoopSpec",
     "NonFiniteLossError",
     "OODLogits",
+    "Precision",
+    "Progress",
     "ShiftLogits",
     "dataset_tensors",
     "epoch_index_batches",

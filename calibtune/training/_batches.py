@@ -1,19 +1,34 @@
-"""Deterministic, rank-sharded batching and sharded inference with cached logits.
+"""The one owner of the batches the training loop sees, on the trial's device.
 
+Deterministic, rank-sharded batching (`epoch_index_batches`), sharded inference with cached
+logits (`infer_logits`) and `DeviceBatches`, which hands the loop ``(x, y)`` batches already on
+the trial's device, whatever the source:
+
+* **resident** in-memory sets — a ``TensorDataset`` (digits, mnist1d) or uint8
+  `calibtune.data.NormalizedImages` (CIFAR-10/100: ~150 MB) — are uploaded once per trial; a
+  batch is indexed on the device, augmented there (the dataset's batch augmentation, vectorised)
+  and normalised in one fused ``x·scale + shift`` (airbench, Jordan 2024, keeps CIFAR on the GPU
+  the same way);
+* **streamed** sets (Tiny-ImageNet's image files) go through one ``DataLoader`` per owner, with
+  persistent workers and pinned memory on CUDA, copied to the device without blocking.
+
+On the CPU with ``loader_workers > 0`` the CIFAR images keep today's parallel ``DataLoader``
+path (its workers augment in parallel; one in-process pass would be slower on a busy CPU).
 No Ray here: sharding uses ``rank``/``world`` integers and `torch.distributed` collectives when a
 process group is initialised, so the loop runs (and is tested) in a bare process too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 __all__ = [
+    "DeviceBatches",
     "dataset_tensors",
     "epoch_index_batches",
     "gather_rows",
@@ -47,6 +62,11 @@ def epoch_index_batches(
     around (like ``DistributedSampler``) to a multiple of ``world`` and global batch ``b`` is
     ``perm[b·B:(b+1)·B]`` split round-robin, so one worker with batch B and W workers with
     B/W each see the same global batches.
+
+    >>> [b.tolist() for b in epoch_index_batches(5, 2, seed=0, epoch=1)]  # doctest: +SKIP
+    [[4, 1], [0, 3], [2]]
+    >>> [len(b) for b in epoch_index_batches(5, 2, seed=0, epoch=1)]
+    [2, 2, 1]
     """
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     perm = torch.randperm(n, generator=g)
@@ -61,20 +81,138 @@ def epoch_index_batches(
 def iterate_batches(
     dataset: Dataset, index_batches: list[Tensor], num_workers: int = 0
 ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yield ``(x, y)`` for each index batch: tensor slicing for in-memory data, else a loader."""
-    tensors = dataset_tensors(dataset)
-    if tensors is not None:
-        x, y = tensors
-        for idx in index_batches:
-            yield x[idx], y[idx]
-        return
-    loader = DataLoader(
-        dataset,
-        batch_sampler=[b.tolist() for b in index_batches],
-        num_workers=num_workers,
-        persistent_workers=False,
+    """Yield CPU ``(x, y)`` for each index batch (no augmentation): tensor slicing for
+    in-memory data, else a loader. The trial path uses `DeviceBatches`."""
+    yield from DeviceBatches(dataset, torch.device("cpu"), num_workers=num_workers).batches(
+        index_batches
     )
-    yield from loader
+
+
+class _Batches(Sampler[list[int]]):
+    """A batch sampler whose batches are replaced every epoch (one persistent loader)."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return iter(self.batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+class DeviceBatches:
+    """``(x, y)`` batches of ``dataset`` on ``device``: the loop's one source of batches.
+
+    ``augment``: the batch augmentation ``(B, …) -> (B, …)`` of normalised in-memory data
+    (`calibtune.data.Splits.augment`), applied by ``batches(…, train=True)`` only. For uint8
+    images the dataset's own ``batch_transform`` (on raw 0–255 pixels) plays that role. ``x`` is
+    float32 (normalised), ``y`` int64, both on ``device``; augmentation draws from ``device``'s
+    global RNG.
+
+    >>> ds = torch.utils.data.TensorDataset(torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 2]))
+    >>> [y.tolist() for _, y in DeviceBatches(ds, torch.device("cpu")).batches(
+    ...     [torch.tensor([2, 0]), torch.tensor([1])])]
+    [[2, 0], [1]]
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        device: torch.device,
+        *,
+        augment: Callable[[Tensor], Tensor] | None = None,
+        num_workers: int = 0,
+        channels_last: bool = False,
+    ) -> None:
+        self.dataset, self.device, self.augment = dataset, torch.device(device), augment
+        self.num_workers, self.channels_last = num_workers, channels_last
+        self._x: Tensor | None = None  # resident data (uploaded on first use)
+        self._y: Tensor | None = None
+        self._loader: DataLoader | None = None
+        self._sampler = _Batches()
+        self.resident = self._source() is not None
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def _source(self) -> tuple[Tensor, Tensor] | None:
+        tensors = dataset_tensors(self.dataset)
+        if tensors is not None:
+            return tensors
+        images = getattr(self.dataset, "images", None)
+        labels = getattr(self.dataset, "labels", None)
+        if not (isinstance(images, Tensor) and isinstance(labels, Tensor)):
+            return None
+        if self.device.type == "cpu" and self.num_workers > 0:
+            return None  # keep the loader's parallel workers on a CPU
+        if getattr(self.dataset, "transform", None) is not None and not self._raw_augment():
+            return None  # a per-sample transform with no batched twin: only the loader runs it
+        return images, labels
+
+    def _raw_augment(self) -> Callable[[Tensor], Tensor] | None:
+        return getattr(self.dataset, "batch_transform", None)
+
+    def _upload(self) -> tuple[Tensor, Tensor]:
+        if self._x is None or self._y is None:
+            x, y = self._source()  # type: ignore[misc]
+            self._x = x.to(self.device, non_blocking=True)
+            self._y = y.to(self.device, dtype=torch.int64, non_blocking=True)
+            scale = getattr(self.dataset, "_scale", None)
+            if isinstance(scale, Tensor):  # uint8 images: normalised per batch, fused
+                self._scale = scale.to(self.device)
+                self._shift = self.dataset._shift.to(self.device)  # type: ignore[attr-defined]
+        return self._x, self._y
+
+    def batches(
+        self, index_batches: Sequence[Tensor], *, train: bool = False
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Yield the batches ``dataset[idx]`` for each ``idx`` of ``index_batches``, in order."""
+        stream = self._resident if self.resident else self._streamed
+        for x, y in stream(index_batches, train):
+            if train and self.augment is not None:
+                x = self.augment(x)
+            if self.channels_last and x.ndim == 4:
+                x = x.contiguous(memory_format=torch.channels_last)
+            yield x, y
+
+    def _resident(
+        self, index_batches: Sequence[Tensor], train: bool
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        x_all, y_all = self._upload()
+        if not index_batches:
+            return
+        sizes = [len(b) for b in index_batches]
+        # one host-to-device copy of the epoch's indices, split on the device
+        idx_all = torch.cat(list(index_batches)).to(self.device, non_blocking=True)
+        raw = self._raw_augment() if train else None
+        for idx in torch.split(idx_all, sizes):
+            x = x_all[idx]
+            if x.dtype == torch.uint8:
+                x = x.float()
+                if raw is not None:
+                    x = raw(x)
+                x = torch.addcmul(self._shift, x, self._scale)
+            yield x, y_all[idx]
+
+    def _streamed(
+        self, index_batches: Sequence[Tensor], train: bool
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        self._sampler.batches = [b.tolist() for b in index_batches]
+        if self._loader is None:
+            cuda = self.device.type == "cuda"
+            self._loader = DataLoader(
+                self.dataset,
+                batch_sampler=self._sampler,
+                num_workers=self.num_workers,
+                persistent_workers=self.num_workers > 0,
+                pin_memory=cuda,
+            )
+        for x, y in self._loader:
+            yield (
+                x.to(self.device, non_blocking=True),
+                y.to(self.device, dtype=torch.int64, non_blocking=True),
+            )
 
 
 def gather_rows(local: Tensor, n_total: int, world: int) -> Tensor:
@@ -95,27 +233,40 @@ def gather_rows(local: Tensor, n_total: int, world: int) -> Tensor:
 @torch.no_grad()
 def infer_logits(
     model: nn.Module,
-    dataset: Dataset,
+    dataset: Dataset | DeviceBatches,
     *,
     batch_size: int,
     device: torch.device,
     rank: int = 0,
     world: int = 1,
     num_workers: int = 0,
+    autocast: Callable[[], object] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """One inference pass: logits ``(N, K)`` (float32, CPU) and labels ``(N,)`` in dataset order.
 
+    ``dataset``: a dataset or the `DeviceBatches` owning it (its resident copy is reused).
     Each rank scores rows ``rank::world`` and the rows are all-gathered, so every rank ends with
-    the same full arrays; the caller restores ``model.train()`` if it was training.
+    the same full arrays; the caller restores ``model.train()`` if it was training. The one
+    device-to-host copy is at the end; ``autocast`` (a context factory) wraps the forwards.
     """
-    n = len(dataset)  # type: ignore[arg-type]
+    source = (
+        dataset
+        if isinstance(dataset, DeviceBatches)
+        else DeviceBatches(dataset, device, num_workers=num_workers)
+    )
+    n = len(source)
     mine = torch.arange(rank, n, world)
     was_training = model.training
     model.eval()
     outs, labels = [], []
-    for x, y in iterate_batches(dataset, list(torch.split(mine, batch_size)), num_workers):
-        outs.append(model(x.to(device, non_blocking=True)).float())
-        labels.append(y.to(device))
+    for x, y in source.batches(list(torch.split(mine, batch_size))):
+        if autocast is None:
+            out = model(x)
+        else:
+            with autocast():  # type: ignore[attr-defined]
+                out = model(x)
+        outs.append(out.float())
+        labels.append(y)
     model.train(was_training)
     k = outs[0].shape[1] if outs else 0
     logits = torch.cat(outs) if outs else torch.empty(0, k, device=device)

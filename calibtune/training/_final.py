@@ -60,7 +60,8 @@ def _report(
 
 
 def _probs(method: Any, logits: Tensor) -> Tensor:
-    return torch.as_tensor(np.asarray(method.calibrate(logits)), dtype=torch.float64)
+    # calibrate() may return a NumPy array (host) or a tensor (on the logits' device)
+    return torch.as_tensor(method.calibrate(logits), dtype=torch.float64, device=logits.device)
 
 
 def posthoc_val_metrics(
@@ -187,7 +188,7 @@ def _ood_probs(method: Any, logits: Tensor) -> Tensor:
     dtype (float32 for float32 logits)."""
     if method is None:
         return torch.softmax(logits.double(), 1)
-    return torch.as_tensor(np.asarray(method.calibrate(logits)))
+    return torch.as_tensor(method.calibrate(logits), device=logits.device)
 
 
 def _thin(fpr: np.ndarray, tpr: np.ndarray, k: int) -> dict[str, list[float]]:

@@ -32,14 +32,16 @@ from torch.utils.data import Dataset
 
 from calibtune.metrics import calibration_report
 from calibtune.metrics import keys as K
-from calibtune.training._batches import epoch_index_batches, infer_logits, iterate_batches
+from calibtune.training._batches import DeviceBatches, epoch_index_batches, infer_logits
 from calibtune.training._final import posthoc_val_metrics
+from calibtune.training._precision import Precision
 from calibtune.training._uncertainty import selective_metrics
 
 __all__ = [
     "EpochCache",
     "LoopSpec",
     "NonFiniteLossError",
+    "Progress",
     "epoch_metrics",
     "lr_schedule",
     "train_epochs",
@@ -48,6 +50,29 @@ __all__ = [
 
 class NonFiniteLossError(FloatingPointError):
     """Raised when the training loss becomes NaN/inf; the message names epoch and step."""
+
+
+def _non_finite(epoch: int, step: int, loss: float, lr: float) -> NonFiniteLossError:
+    return NonFiniteLossError(
+        f"non-finite loss at epoch {epoch}, step {step} (loss={loss}, lr={lr:g}); "
+        "lower optimizer.lr or set train.grad_clip"
+    )
+
+
+@dataclass
+class Progress:
+    """Where the loop is (plain Python numbers, no device read): a failure names it."""
+
+    epoch: int = 0
+    step: int = 0
+    phase: str = "build"  # build, training, evaluation, final evaluation
+
+    def where(self) -> str:
+        if self.phase == "training":
+            return f"epoch {self.epoch}, step {self.step}"
+        if self.phase == "evaluation":
+            return f"epoch {self.epoch}, evaluation"
+        return self.phase
 
 
 @dataclass
@@ -89,6 +114,9 @@ class LoopSpec:
     epoch_posthoc: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     # val/{aurc,augrc,refinement_nll}[@<name>] every epoch (`K.is_final_only`; else final only)
     epoch_selective: bool = False
+    # autocast dtype, GradScaler (fp16) and memory format of training and inference forwards
+    precision: Precision = field(default_factory=Precision)
+    progress: Progress = field(default_factory=Progress)  # updated in place as the loop runs
 
 
 def lr_schedule(
@@ -151,17 +179,45 @@ def _update_loss(loss_fn: nn.Module, logits: Tensor, labels: Tensor) -> dict[str
     return record
 
 
+@dataclass
+class _Sources:
+    """The trial's three `DeviceBatches` (uploaded once per `train_epochs` call)."""
+
+    train: DeviceBatches
+    val: DeviceBatches
+    test: DeviceBatches | None
+
+    @classmethod
+    def of(cls, spec: LoopSpec) -> _Sources:
+        def owner(ds: Dataset, augment: Any = None) -> DeviceBatches:
+            return DeviceBatches(
+                ds,
+                spec.device,
+                augment=augment,
+                num_workers=spec.loader_workers,
+                channels_last=spec.precision.channels_last,
+            )
+
+        test = None if spec.test_set is None else owner(spec.test_set)
+        return cls(owner(spec.train_set, spec.augment), owner(spec.val_set), test)
+
+
 def train_epochs(
     spec: LoopSpec,
     *,
     start_epoch: int = 0,
     on_epoch_end: Callable[[int, dict[str, Any], EpochCache], None] | None = None,
 ) -> EpochCache | None:
-    """Train epochs ``start_epoch+1 .. spec.epochs``; return the last epoch's cache."""
+    """Train epochs ``start_epoch+1 .. spec.epochs``; return the last epoch's cache.
+
+    The host reads device values once per epoch (the totals and the first non-finite step),
+    never per step; a non-finite loss raises `NonFiniteLossError` naming the epoch and the first
+    bad step once that epoch's training pass (or an adaptive update inside it) ends."""
     eval_model = spec.eval_model if spec.eval_model is not None else spec.model
+    sources = _Sources.of(spec)
     cache: EpochCache | None = None
 
-    def infer(ds: Dataset) -> tuple[Tensor, Tensor]:
+    def infer(ds: DeviceBatches) -> tuple[Tensor, Tensor]:
         return infer_logits(
             eval_model,
             ds,
@@ -169,7 +225,7 @@ def train_epochs(
             device=spec.device,
             rank=spec.rank,
             world=spec.world,
-            num_workers=spec.loader_workers,
+            autocast=spec.precision.autocast,
         )
 
     for epoch in range(start_epoch + 1, spec.epochs + 1):
@@ -177,9 +233,9 @@ def train_epochs(
         lr = spec.lr_at(epoch)
         for group in spec.optimizer.param_groups:
             group["lr"] = lr
-        totals, updates = _train_epoch(spec, epoch, lr, infer)
+        totals, updates = _train_epoch(spec, sources, epoch, lr, infer)
         train_time = time.perf_counter() - t0
-        metrics, cache = _evaluate_epoch(spec, epoch, lr, totals, updates, infer)
+        metrics, cache = _evaluate_epoch(spec, sources, epoch, lr, totals, updates, infer)
         metrics["train_time"] = train_time
         metrics["epoch_time"] = time.perf_counter() - t0
         if on_epoch_end is not None:
@@ -192,85 +248,110 @@ def _update_every(loss_fn: nn.Module) -> int | str | None:
     return getattr(loss_fn, "update_every", "epoch") if _adaptive(loss_fn) else None
 
 
+class _Totals:
+    """This rank's float64 ``[Σ loss·B, #wrong, #seen, first bad step, its loss]`` on the
+    device, accumulated without a host read; the first non-finite step is 0 until one occurs."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.t = torch.zeros(5, dtype=torch.float64, device=device)
+
+    def add(self, step: int, loss: Tensor, logits: Tensor, y: Tensor) -> None:
+        # Python numbers enter as kernel arguments: no host-to-device copy (which would wait
+        # for the device) and no read
+        loss64, b = loss.detach().double(), y.shape[0]
+        first = (self.t[3] == 0) & ~torch.isfinite(loss64)
+        self.t[0] += loss64 * b
+        self.t[1] += (logits.detach().argmax(1) != y).sum()
+        self.t[2] += b
+        self.t[3] = torch.where(first, step, self.t[3])
+        self.t[4] = torch.where(first, loss64, self.t[4])
+
+    def check(self, epoch: int, lr: float, world: int) -> Tensor:
+        """Raise `NonFiniteLossError` if any rank saw a non-finite loss (one host read; under
+        DDP every rank learns the lowest bad step, so all stop together); return
+        ``[Σ loss·B, #wrong, #seen]`` of all ranks."""
+        t = self.t
+        if world > 1:
+            sums = t[:3].clone()
+            first = torch.where(t[3] > 0, t[3], torch.full_like(t[3], math.inf)).reshape(1)
+            dist.all_reduce(sums)
+            dist.all_reduce(first, op=dist.ReduceOp.MIN)
+            step, loss = first.item(), math.nan  # the loss itself stays on its rank
+        else:
+            sums = t[:3]
+            step, loss = t[3:].tolist()
+            step = step if step > 0 else math.inf
+        if math.isfinite(step):
+            raise _non_finite(epoch, int(step), loss, lr)
+        return sums
+
+
 def _train_epoch(
-    spec: LoopSpec, epoch: int, lr: float, infer: Callable[[Dataset], tuple[Tensor, Tensor]]
+    spec: LoopSpec,
+    sources: _Sources,
+    epoch: int,
+    lr: float,
+    infer: Callable[[DeviceBatches], tuple[Tensor, Tensor]],
 ) -> tuple[Tensor, list[dict[str, Any]]]:
-    """One pass over this rank's batches of epoch ``epoch``; returns this rank's float64
-    ``[Σ loss·B, #wrong, #seen]`` and the adaptive-loss updates made every ``update_every``
-    batches (each from a fresh validation pass)."""
+    """One pass over this rank's batches of epoch ``epoch``; returns the float64
+    ``[Σ loss·B, #wrong, #seen]`` of all ranks and the adaptive-loss updates made every
+    ``update_every`` batches (each from a fresh validation pass)."""
     every = _update_every(spec.loss_fn)
     spec.model.train()
-    n_train = len(spec.train_set)  # type: ignore[arg-type]
+    n_train = len(sources.train)
     batches = epoch_index_batches(
         n_train, spec.batch_size, seed=spec.seed, epoch=epoch, rank=spec.rank, world=spec.world
     )
-    loss_sum = torch.zeros((), dtype=torch.float64, device=spec.device)
-    wrong = torch.zeros((), dtype=torch.float64, device=spec.device)
-    seen = 0
+    totals = _Totals(spec.device)
     updates: list[dict[str, Any]] = []
-    for step, (x, y) in enumerate(
-        iterate_batches(spec.train_set, batches, spec.loader_workers), start=1
-    ):
-        x = x.to(spec.device, non_blocking=True)
-        y = y.to(spec.device, non_blocking=True)
-        logits, loss = _step(spec, epoch, step, lr, x, y)
-        loss_sum += loss.detach().double() * y.shape[0]
-        wrong += (logits.detach().argmax(1) != y).sum()
-        seen += y.shape[0]
+    progress = spec.progress
+    progress.epoch, progress.step, progress.phase = epoch, 0, "training"
+    for step, (x, y) in enumerate(sources.train.batches(batches, train=True), start=1):
+        progress.step = step
+        logits, loss = _step(spec, x, y)
+        totals.add(step, loss, logits, y)
         if isinstance(every, int) and step % every == 0:
-            v_logits, v_labels = infer(spec.val_set)
+            totals.check(epoch, lr, spec.world)  # never bin a diverged model's validation
+            v_logits, v_labels = infer(sources.val)
             updates.append(_update_loss(spec.loss_fn, v_logits, v_labels))
             # the official AdaFocal code left the model in eval() after this pass
             spec.model.train()
-    totals = torch.stack([loss_sum, wrong, torch.tensor(float(seen), dtype=torch.float64)])
-    return totals, updates
+    sums = totals.check(epoch, lr, spec.world)
+    progress.phase = "evaluation"
+    return sums, updates
 
 
-def _step(
-    spec: LoopSpec, epoch: int, step: int, lr: float, x: Tensor, y: Tensor
-) -> tuple[Tensor, Tensor]:
-    """One optimizer step on the batch ``(x, y)`` (on ``spec.device``); returns its logits and
-    loss."""
-    if spec.augment is not None:
-        x = spec.augment(x)
-    logits = spec.model(x)
+def _step(spec: LoopSpec, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """One optimizer step on the batch ``(x, y)`` (on ``spec.device``, no host read); returns
+    its float32 logits and loss. A non-finite loss is found later, in `_Totals.check`; under
+    DDP its NaN gradients reach every rank, so all ranks stop at the same epoch."""
+    logits = spec.precision.forward(spec.model, x)
     loss = spec.loss_fn(logits, y)
-    spec.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    # checked after backward so that, under DDP, no rank leaves a gradient all-reduce
-    # waiting; NaN gradients reach every rank and stop them all at the next step
-    if not torch.isfinite(loss).item():
-        raise NonFiniteLossError(
-            f"non-finite loss at epoch {epoch}, step {step} (loss={loss.item()}, "
-            f"lr={lr:g}); lower optimizer.lr or set train.grad_clip"
-        )
-    if spec.grad_clip is not None:
-        nn.utils.clip_grad_norm_(spec.model.parameters(), spec.grad_clip)
-    spec.optimizer.step()
+    spec.precision.step(loss, spec.optimizer, spec.model.parameters(), spec.grad_clip)
     return logits, loss
 
 
 def _evaluate_epoch(
     spec: LoopSpec,
+    sources: _Sources,
     epoch: int,
     lr: float,
     totals: Tensor,
     updates: list[dict[str, Any]],
-    infer: Callable[[Dataset], tuple[Tensor, Tensor]],
+    infer: Callable[[DeviceBatches], tuple[Tensor, Tensor]],
 ) -> tuple[dict[str, Any], EpochCache]:
     """The epoch's end: one validation pass (the epoch-end adaptive update, the validation
     report, the ``epoch_posthoc`` methods), the optional test pass, and the metrics to report
     (training loss and error over all ranks' ``totals``)."""
-    val_logits, val_labels = infer(spec.val_set)
+    val_logits, val_labels = infer(sources.val)
     if _update_every(spec.loss_fn) == "epoch":
         updates.append(_update_loss(spec.loss_fn, val_logits, val_labels))
-    if spec.world > 1:
-        dist.all_reduce(totals)
+    loss_sum, wrong, seen = totals.tolist()
     metrics: dict[str, Any] = {
         "epoch": epoch,
         "lr": lr,
-        K.key("train", "loss"): (totals[0] / totals[2]).item(),
-        K.key("train", "error"): (totals[1] / totals[2]).item(),
+        K.key("train", "loss"): loss_sum / seen,
+        K.key("train", "error"): wrong / seen,
     }
     sel = spec.epoch_selective
     metrics.update(epoch_metrics("val", val_logits, val_labels, spec.n_bins, selective=sel))
@@ -281,8 +362,8 @@ def _evaluate_epoch(
             )
         )
     cache = EpochCache(val_logits, val_labels, updates=updates)
-    if spec.test_set is not None and (spec.test_every_epoch or epoch == spec.epochs):
-        cache.test_logits, cache.test_labels = infer(spec.test_set)
+    if sources.test is not None and (spec.test_every_epoch or epoch == spec.epochs):
+        cache.test_logits, cache.test_labels = infer(sources.test)
         metrics.update(epoch_metrics("test", cache.test_logits, cache.test_labels, spec.n_bins))
     if _adaptive(spec.loss_fn) and updates:
         metrics.update(_adaptive_metrics(updates))

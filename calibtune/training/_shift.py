@@ -81,7 +81,9 @@ def shift_metrics(
         log_p = torch.log_softmax(it.logits.double(), dim=1)
         rows = {UNCALIBRATED: _scores(log_p.exp(), it.labels, n_bins, log_p)}
         for name, method in methods.items():
-            probs = torch.as_tensor(np.asarray(method.calibrate(it.logits)), dtype=torch.float64)
+            probs = torch.as_tensor(
+                method.calibrate(it.logits), dtype=torch.float64, device=it.logits.device
+            )
             rows[name] = _scores(probs, it.labels, n_bins, None)
         per[(it.side, it.name)][it.severity] = rows
     metrics: dict[str, float] = {}

@@ -47,7 +47,8 @@ def prediction_name(what: str, method: str = "") -> str:
 
 def _thin_curve(curve: Mapping[str, Tensor]) -> dict[str, list[float]]:
     n = curve["coverage"].numel()
-    idx = torch.unique(torch.linspace(0, n - 1, min(n, CURVE_POINTS)).round().long())
+    grid = torch.linspace(0, n - 1, min(n, CURVE_POINTS), device=curve["coverage"].device)
+    idx = torch.unique(grid.round().long())
     return {k: v[idx].tolist() for k, v in curve.items()}
 
 

@@ -61,6 +61,7 @@ def save_state(
     epoch: int,
     history: list[dict[str, Any]],
     rngs: list[dict[str, Any]] | None = None,
+    scaler: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``directory/state.pt`` atomically (temp file + rename) and return its path.
 
@@ -77,6 +78,7 @@ def save_state(
         "rng": capture_rng() if rngs is None else rngs[0],
         "rngs": [capture_rng()] if rngs is None else rngs,
         "history": history,
+        "scaler": dict(scaler or {}),  # fp16's GradScaler (`calibtune.training.Precision`)
     }
     tmp = d / (CHECKPOINT_FILE + ".tmp")
     torch.save(state, tmp)
@@ -85,7 +87,11 @@ def save_state(
 
 
 def load_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a checkpoint written by `save_state` with the safe (weights-only) unpickler."""
+    """Read a checkpoint written by `save_state` with the safe (weights-only) unpickler.
+
+    Every tensor is mapped to the CPU: a checkpoint written on a GPU resumes on a CPU-only
+    machine, and ``load_state_dict`` copies each tensor to its module's (or, for the optimiser
+    state, its parameter's) device, so a CPU-written one resumes on a GPU."""
     path = Path(directory) / CHECKPOINT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint: expected {path} to exist")

@@ -62,6 +62,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
+PRECISIONS = ("fp32", "bf16", "fp16")  # `calibtune.training.Precision`
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
 
@@ -125,6 +126,8 @@ class TrainConfig:
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 2
     loader_workers: int = 0  # DataLoader processes for file-based sets (in-memory sets: unused)
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the model's forward (fp16: scaled)
+    channels_last: bool = False  # NHWC model and batches (tensor-core convolutions)
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,8 @@ def _train(d: Mapping[str, Any]) -> TrainConfig:
             d.get("keep_checkpoints", t.keep_checkpoints), "train.keep_checkpoints", 1
         ),
         loader_workers=check_int(d.get("loader_workers", 0), "train.loader_workers", 0),
+        precision=check_choice(d.get("precision", t.precision), "train.precision", PRECISIONS),
+        channels_last=check_bool(d.get("channels_last", False), "train.channels_last"),
     )
 
 
@@ -351,8 +356,17 @@ def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
         )
         for k, v in rpw.items()
     }
+    workers = check_int(d.get("num_workers", 0), "scaling.num_workers", 0)
+    gpu = res.get("GPU", 0.0)
+    if workers > 1 and 0.0 < gpu < 1.0:
+        raise fail(
+            "scaling.resources_per_worker.GPU",
+            f"a whole GPU per worker with num_workers={workers} (NCCL refuses two ranks on one "
+            "GPU; pack fractional GPUs with num_workers: 0 or 1)",
+            gpu,
+        )
     return ScalingConfig(
-        num_workers=check_int(d.get("num_workers", 0), "scaling.num_workers", 0),
+        num_workers=workers,
         use_gpu=check_bool(d.get("use_gpu", False), "scaling.use_gpu"),
         resources_per_worker=res,
         max_failures=check_int(d.get("max_failures", 0), "scaling.max_failures", 0),

@@ -40,6 +40,7 @@ from calibtune.data import DatasetNotFoundError
 from calibtune.training import NonFiniteLossError
 from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
+from calibtune.trial._errors import TrialStepError
 from calibtune.trial._metrics import shift_sets
 from calibtune.trial._placement import check_placement_on_cluster
 from calibtune.trial._worker import train_loop_per_worker
@@ -293,10 +294,12 @@ def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    workers = cfg.scaling.num_workers
     scaling = ray.train.ScalingConfig(
-        num_workers=cfg.scaling.num_workers,
+        num_workers=workers,
         use_gpu=cfg.scaling.use_gpu,
-        resources_per_worker=dict(cfg.scaling.resources_per_worker) or None,
+        # local mode trains in this process, on what Tune (or the caller) gave it
+        resources_per_worker=(dict(cfg.scaling.resources_per_worker) or None) if workers else None,
         placement_strategy=cfg.scaling.placement_strategy,
     )
     run_config = ray.train.RunConfig(
@@ -328,10 +331,21 @@ def _fit(trainer: Any, retries: int) -> Any:
 
 
 def _reason(e: BaseException) -> str:
+    """The worker's one-line reason: its own exception in-process (local mode), else the line
+    of Ray's error text that carries it (a worker's error arrives as text)."""
+    seen: set[int] = set()
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, TrialStepError | NonFiniteLossError):
+            return str(cause)
+        cause = cause.__cause__ or cause.__context__
     text = str(e)
     for line in text.splitlines():
         if "non-finite loss at epoch" in line:
             return line.split("NonFiniteLossError: ")[-1].strip()
+        if "TrialStepError: " in line:
+            return line.split("TrialStepError: ", 1)[-1].strip()
     return text.strip().splitlines()[-1] if text.strip() else type(e).__name__
 
 

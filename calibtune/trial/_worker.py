@@ -37,8 +37,11 @@ from calibtune.data import load_splits
 from calibtune.metrics import keys as K
 from calibtune.models import build_model
 from calibtune.training import (
+    DeviceBatches,
     LoopSpec,
     OODLogits,
+    Precision,
+    Progress,
     epoch_val_shift,
     evaluate_final,
     infer_logits,
@@ -57,6 +60,7 @@ from calibtune.trial._checkpoint import (
     save_state,
 )
 from calibtune.trial._config import TrialConfig, config_from_dict
+from calibtune.trial._errors import failure
 from calibtune.trial._metrics import shift_sets
 from calibtune.trial._placement import record_placement
 
@@ -72,12 +76,18 @@ def trial_threads(cfg: TrialConfig) -> int:
 
 
 def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The Ray Train training function; returns rank 0's result (other ranks: None)."""
+    """The Ray Train training function; returns rank 0's result (other ranks: None).
+
+    A failure is re-raised with one line naming calibtune's innermost frame (file:line), the
+    epoch and the step (`calibtune.trial._errors.failure`); the full traceback goes to the
+    trial's ``artifacts/error.txt`` (and, through the callbacks, to its MLflow run)."""
     cfg = config_from_dict(payload["config"])
     before = torch.get_num_threads()
     torch.set_num_threads(trial_threads(cfg))
+    progress = Progress()
+    t: _Trial | None = None
     try:
-        t = _build(cfg, payload)
+        t = _build(cfg, payload, progress)
         _resume(t)
         ranks = record_placement(t.trial_dir / "artifacts", t.rank, t.world, t.start_epoch)
         if t.rank == 0:  # epochs restored from the checkpoint but never logged
@@ -87,7 +97,15 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         cache = train_epochs(
             _loop_spec(t), start_epoch=t.start_epoch, on_epoch_end=EpochReporter(t)
         )
+        progress.phase = "final evaluation"
         return _finalize(t, cache, ranks) if t.rank == 0 else None
+    except Exception as exc:
+        rank = t.rank if t is not None else 0
+        callbacks = t.callbacks if t is not None and rank == 0 else []
+        err = failure(exc, progress, Path(payload["trial_dir"]), rank, callbacks)
+        if err is exc:
+            raise
+        raise err from exc
     finally:
         torch.set_num_threads(before)
 
@@ -108,6 +126,8 @@ class _Trial:
     model: torch.nn.Module  # what trains: DDP-wrapped when world > 1
     loss_fn: torch.nn.Module
     optimizer: torch.optim.Optimizer
+    precision: Precision
+    progress: Progress
     start_epoch: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
 
@@ -116,7 +136,7 @@ class _Trial:
         return self.cfg.scaling.num_workers == 0
 
 
-def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
+def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Trial:
     import ray.train
     import ray.train.torch
 
@@ -129,12 +149,16 @@ def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
         device = (
             torch.device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
         )
+        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once per shape
+    precision = Precision(cfg.train.precision, device, cfg.train.channels_last)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     splits = load_splits(
         cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
     )
-    net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
+    net = precision.prepare(
+        build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
+    )
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
     optimizer = _optimizer(cfg, net.parameters())
     # augmentation draws differ per rank; model init (above) is identical on all ranks
@@ -153,6 +177,8 @@ def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
         model,
         loss_fn,
         optimizer,
+        precision,
+        progress,
     )
 
 
@@ -190,6 +216,7 @@ def _resume(t: _Trial) -> None:
     t.net.load_state_dict(state["model"])
     t.optimizer.load_state_dict(state["optimizer"])
     t.loss_fn.load_state_dict(state["loss"])
+    t.precision.load_state_dict(state.get("scaler") or {})
     rngs = state.get("rngs") or [state["rng"]]
     restore_rng(rngs[t.rank] if t.rank < len(rngs) else state["rng"])
     t.start_epoch = int(state["epoch"])
@@ -240,7 +267,12 @@ class EpochReporter:
         rngs = _gather_rngs(t.world)
         if t.rank != 0:
             return None
-        state = {"model": t.net, "optimizer": t.optimizer, "loss_fn": t.loss_fn}
+        state = {
+            "model": t.net,
+            "optimizer": t.optimizer,
+            "loss_fn": t.loss_fn,
+            "scaler": t.precision.state_dict(),
+        }
         if t.local:
             root = t.trial_dir / "checkpoints"
             save_state(epoch_dir(root, epoch), epoch=epoch, history=t.history, rngs=rngs, **state)
@@ -259,7 +291,7 @@ def _epoch_shift(t: _Trial, cache: Any) -> dict[str, float]:
     return epoch_val_shift(
         shift_sets(t.cfg),
         t.splits,
-        lambda ds: infer_logits(t.net, ds, batch_size=ev.batch_size, device=t.device),
+        lambda ds: _infer(t, ds),
         cache.val_logits,
         cache.val_labels,
         {n: ev.posthoc.get(n, {}) for n in ev.epoch_posthoc},
@@ -300,6 +332,20 @@ def _loop_spec(t: _Trial) -> Any:
         eval_model=t.net,
         epoch_posthoc={n: dict(cfg.eval.posthoc.get(n, {})) for n in cfg.eval.epoch_posthoc},
         epoch_selective=cfg.eval.epoch_selective,
+        precision=t.precision,
+        progress=t.progress,
+    )
+
+
+def _infer(t: _Trial, ds: Any) -> Any:
+    """One inference pass of the plain model over ``ds`` on the trial's device (float32 CPU
+    logits), at the trial's precision and memory format."""
+    return infer_logits(
+        t.net,
+        DeviceBatches(ds, t.device, channels_last=t.precision.channels_last),
+        batch_size=t.cfg.eval.batch_size,
+        device=t.device,
+        autocast=t.precision.autocast,
     )
 
 
@@ -308,7 +354,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
     cfg = t.cfg
 
     def infer(ds: Any) -> Any:
-        return infer_logits(t.net, ds, batch_size=cfg.eval.batch_size, device=t.device)
+        return _infer(t, ds)
 
     if cache is None or cache.test_logits is None:  # resumed after the last epoch
         (val, val_y), (test, test_y) = infer(t.splits.val), infer(t.splits.test)
