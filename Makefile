@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: quickstart demo test test-fast lint format bench load results venv clean
+.PHONY: quickstart demo test test-fast lint format bench load results venv clean gpu-check
 
 venv: $(STAMP)
 
@@ -62,6 +62,18 @@ load: $(STAMP)
 # page and docs/img/results/; a finished study is reused. Not part of `make test`.
 results: $(STAMP)
 	$(BIN)/python bench/results.py
+
+# The trial path on a real GPU (bench/gpu_check.py: CUDA tests, ResNet-50 trials in local and
+# worker mode, a study, a killed worker, a GPU checkpoint resumed on the CPU; <= 8 min on one
+# H100); without CUDA it says so and exits 0. On the lent GPU machine (no registry, no .venv) it
+# uses python3 and the packages `../shared/gpu/bundle-deps` packed into .gpu-deps/site.tar.xz.
+# GPU_CHECK_ARGS: e.g. --precision fp32, or --cpu --small for a dry run here.
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if [ -f .gpu-deps/site.tar.xz ] && [ ! -d /tmp/site ]; then tar -xJf .gpu-deps/site.tar.xz -C /tmp; fi
+	@py=$$( [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3 ); \
+	PYTHONPATH=$$( [ -d /tmp/site ] && [ ! -x $(BIN)/python ] && echo /tmp/site: )$(CURDIR) \
+	PYTHONUNBUFFERED=1 $$py bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
