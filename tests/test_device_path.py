@@ -324,3 +324,30 @@ def test_progress_names_the_step_while_training():
     p = Progress(epoch=2, step=17, phase="training")
     assert p.where() == "epoch 2, step 17"
     assert Progress(epoch=2, phase="evaluation").where() == "epoch 2, evaluation"
+
+
+# ------------------------------------------------------------------ resident = loader batches
+
+
+def test_resident_cifar_batches_equal_the_loaders_for_the_same_generator_draws():
+    """On the CPU the resident path draws the same numbers from the global RNG, in the same
+    order, as the dataset's batched fetch that the DataLoader calls (``__getitems__``; the
+    loader itself first draws a base seed): the augmented, normalised batches agree."""
+    ds = _cifar_like(64, 3)
+    idx = [torch.arange(0, 32), torch.arange(32, 64)]
+    resident = DeviceBatches(ds, torch.device("cpu"))
+    assert resident.resident
+    torch.manual_seed(5)
+    a = list(resident.batches(idx, train=True))
+    torch.manual_seed(5)
+    for (xa, ya), i in zip(a, idx, strict=True):
+        xs, ys = zip(*ds.__getitems__(i.tolist()), strict=True)
+        torch.testing.assert_close(xa, torch.stack(xs), rtol=1e-6, atol=1e-6)
+        assert ya.tolist() == list(ys)
+    torch.manual_seed(6)
+    c = next(resident.batches(idx[:1], train=True))[0]
+    assert not torch.allclose(c, a[0][0])  # augmentation draws anew
+    plain = next(resident.batches(idx[:1]))[0]  # evaluation: no augmentation
+    torch.testing.assert_close(plain, ds.normalized()[:32])
+    streamed = DeviceBatches(ds, torch.device("cpu"), num_workers=2)  # a CPU with loader workers
+    assert not streamed.resident

@@ -6,6 +6,7 @@ tests need no Ray cluster; worker-mode tests (DDP, worker failure) are in test_t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -342,3 +343,20 @@ def test_a_failed_trial_names_calibtunes_frame_epoch_and_step(tmp_path: Path, mo
     assert msg.endswith("epoch 2, step 3)")
     text = (tmp_path / cfg.name / "artifacts" / "error.txt").read_text()
     assert text.startswith(msg) and "Traceback (most recent call last)" in text
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_mixed_precision_trains_and_fp16_checkpoints_its_scaler(tmp_path: Path, precision) -> None:
+    from calibtune.trial._checkpoint import latest_local_checkpoint, load_state
+
+    cfg = _cfg(tmp_path, "focal", model__name="small_cnn", train__precision=precision,
+               train__channels_last=True)  # fmt: skip
+    res = run(cfg)
+    assert res.epochs_completed == 2 and math.isfinite(res.metrics["test/ece"])
+    state = load_state(latest_local_checkpoint(tmp_path / cfg.name / "checkpoints"))
+    if precision == "fp16":
+        assert state["scaler"]["scale"] > 0 and "_growth_tracker" in state["scaler"]
+    else:
+        assert state["scaler"] == {}
+    again = run(cfg.replace(train=dataclasses.replace(cfg.train, epochs=3)))  # resumes epoch 3
+    assert again.resumed_from_epoch == 2 and again.epochs_completed == 3
