@@ -132,7 +132,10 @@ def _build(cfg: TrialConfig, payload: dict[str, Any]) -> _Trial:
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     splits = load_splits(
-        cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+        cfg.data.name,
+        root=cfg.data.root,
+        seed=cfg.data.split_seed,
+        val_fraction=cfg.data.val_fraction,
     )
     net = build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
