@@ -507,3 +507,24 @@ def test_report_requires_exactly_one_of_logits_probs():
 def test_reliability_table_bad_binning():
     with pytest.raises(ValueError, match="binning: expected 'width' or 'mass', got 'quantile'"):
         M.reliability_table(FIVE_PROBS, FIVE_LABELS, binning="quantile")
+
+
+@pytest.mark.parametrize("n_bins", [1, 3, 7, 40])
+def test_snapped_boundaries_and_group_ids_are_one_rule(n_bins):
+    # equal_mass_snap (boundaries, used by the sweep) and equal_mass_ids_sorted (ids, used by
+    # AdaECE) describe the same groups; no run of tied confidences straddles a boundary
+    from calibtune.metrics.binning import (
+        equal_mass_ids_sorted,
+        equal_mass_sizes,
+        equal_mass_snap,
+    )
+
+    g = torch.Generator().manual_seed(n_bins)
+    conf = (torch.randint(0, 6, (31,), generator=g).double() / 5).sort().values
+    ids = equal_mass_ids_sorted(conf, n_bins)
+    bounds = torch.cumsum(torch.tensor([0, *equal_mass_sizes(31, n_bins)]), 0)
+    snapped = equal_mass_snap(conf, bounds)
+    from_bounds = torch.repeat_interleave(torch.arange(n_bins), snapped.diff())
+    assert torch.equal(ids, from_bounds)
+    inner = snapped[(snapped > 0) & (snapped < 31)]
+    assert bool((conf[inner - 1] < conf[inner]).all())
