@@ -131,9 +131,13 @@ class _Sorted:
         if shared and self._every is None and r * pos.numel() >= self.cnt.numel():
             self._every = self._snap(torch.arange(self.n + 1, device=pos.device), self.cnt)
         if shared and self._every is not None:
-            table = self._every if rows is None else self._every[rows]
-            return table[:, pos]
-        return self._snap(pos, self.cnt if rows is None else self.cnt[rows])
+            return self._every[:, pos] if rows is None else self._every[rows[:, None], pos]
+        if rows is None:
+            return self._snap(pos, self.cnt)
+        # copying (R, N+1) rows costs more than the searches it saves unless R is small
+        if 2 * rows.numel() > self.cnt.shape[0]:
+            return self._snap(pos, self.cnt)[rows]
+        return self._snap(pos, self.cnt[rows])
 
     def _snap(self, pos: torch.Tensor, cnt: torch.Tensor) -> torch.Tensor:
         at = (pos - 1).clamp_min(0).to(_F64).expand(cnt.shape[0], -1).contiguous()
@@ -144,8 +148,10 @@ class _Sorted:
         self, k: torch.Tensor, rows: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Count, confidence and accuracy prefix sums (R, P) before sorted samples ``k`` (R, P)."""
-        cnt, c, a = (x if rows is None else x[rows] for x in (self.cnt, self.c, self.a))
-        return cnt.gather(1, k), c.gather(1, k), a.gather(1, k)
+        if rows is None:
+            return self.cnt.gather(1, k), self.c.gather(1, k), self.a.gather(1, k)
+        r = rows[:, None]
+        return self.cnt[r, k], self.c[r, k], self.a[r, k]
 
 
 def _equal_mass_bounds(n: int, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
