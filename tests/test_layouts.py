@@ -103,6 +103,11 @@ CASES: dict[str, Callable[..., Any]] = {
     "ood_aupr": lambda z, p, y: M.ood_aupr(in_logits=z[:40], out_logits=z[40:], score="energy"),
     "fpr_at_95_tpr": lambda z, p, y: M.fpr_at_95_tpr(p[:50], p[50:]),
     "roc_curve_points": lambda z, p, y: M.roc_curve_points(p[:70], p[70:]),
+    # 1-D scores: a column of the (N, K) array is itself a strided view
+    "auroc_from_scores": lambda z, p, y: M.auroc_from_scores(z[:60, 0], z[60:, 1]),
+    "aupr_from_scores": lambda z, p, y: M.aupr_from_scores(z[:60, 0], z[60:, 1]),
+    "fpr95_from_scores": lambda z, p, y: M.fpr95_from_scores(z[:60, 0], z[60:, 1]),
+    "roc_from_scores": lambda z, p, y: M.roc_from_scores(z[:60, 0], z[60:, 1]),
     "validation_bins": lambda z, p, y: LF.validation_bins(p, y, 7),
     "focal_calibration_map": lambda z, p, y: focal_calibration_map(p, 1.5),
     "refinement_nll": lambda z, p, y: refinement_nll(z, y),
