@@ -311,6 +311,31 @@ CASES = [
         trial(_set(TRIAL, "train.batch_size", 100000)),
         "train.batch_size: expected at most the",
     ),
+    # ---- how an arm trains: reduction and split seed (issue 22, items 1 and 2)
+    Case(
+        "loss.reduction none",
+        "train",
+        trial(_set(TRIAL, "loss.reduction", "none")),
+        "trial.yaml: loss.reduction: expected one of 'mean', 'sum', got 'none'",
+    ),
+    Case(
+        "arm reduction not a choice",
+        "run",
+        study(_set(STUDY, "losses.0", {"name": "cross_entropy", "reduction": "Sum"})),
+        "study.yaml: losses[0].reduction: expected one of 'mean', 'sum', got 'Sum'",
+    ),
+    Case(
+        "negative split seed",
+        "train",
+        trial(_set(TRIAL, "data.split_seed", -1)),
+        "trial.yaml: data.split_seed: expected an integer >= 0, got -1",
+    ),
+    Case(
+        "split seed not an integer (study)",
+        "run",
+        study(_set(STUDY, "trial.data.split_seed", "one")),
+        "data.split_seed: expected an integer >= 0, got 'one'",
+    ),
     # ---- objectives no trial reports
     Case(
         "objective does not exist",

@@ -13,6 +13,7 @@ import calibtune.losses.functional as F_cal
 from calibtune.losses import LOSSES, AdaFocalLoss, build_loss
 from calibtune.losses._kernel import Schedule
 from calibtune.metrics import adaece
+from calibtune.metrics.binning import equal_mass_sizes
 
 # every adaptive loss, from the registry
 ADAPTIVE = sorted(e.name for e in LOSSES if getattr(e.factory, "adaptive", False))
@@ -110,15 +111,27 @@ def test_validation_bins_do_not_depend_on_the_order_of_the_validation_set() -> N
         perm = torch.randperm(300, generator=torch.Generator().manual_seed(seed))
         bins = F_cal.validation_bins(probs[perm], labels[perm], 7)
         for a, b in zip(bins, ref, strict=True):
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
-        accs.add(tuple(bins.acc.tolist()))
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=0, equal_nan=True)
+        accs.add(tuple(bins.acc.nan_to_num(-1).tolist()))
     assert len(accs) == 1
-    # tied confidences really straddle group boundaries (the case the rule is for)
+    # tied confidences really straddle the array_split boundaries (the case the rule is for),
+    # and the bins' boundaries fall only between distinct confidences
     sc = conf.sort().values
+    split = torch.cumsum(torch.tensor(equal_mass_sizes(300, 7)), 0)[:-1]
+    assert bool((sc[split - 1] == sc[split]).any())
     starts = torch.cumsum(ref.counts.long(), 0)[:-1]
-    assert bool((sc[starts - 1] == sc[starts]).any())
-    # hand example: (.1, wrong) ×3, (.1, right), (.7, right), 2 bins of sizes [3, 2]: the tied
-    # .1's are ordered wrong-first, so bin 0 holds the three wrong ones whatever the input order
+    starts = starts[(starts > 0) & (starts < 300)]
+    assert bool((sc[starts - 1] < sc[starts]).all())
+    # an empty bin has no evidence: the update leaves its γ where it was
+    loss = build_loss("adafocal", n_bins=7)
+    before = loss.gammas.clone()
+    loss.update(probs, labels)
+    empty = ref.counts == 0
+    assert bool(empty.any()) and torch.equal(loss.gammas[empty], before[empty])
+    assert bool(torch.isfinite(loss.gammas).all())
+    # hand example: (.1, wrong) ×3, (.1, right), (.7, right), 2 bins of sizes [3, 2]: the
+    # boundary would cut the run of .1's, so it moves past it: bin 0 = the four .1's
+    # (acc 1/4), bin 1 = {.7} (acc 1), edge .7 — whatever the input order
     pairs = [(0.1, 0), (0.1, 1), (0.1, 0), (0.1, 0), (0.7, 1)]
     for rot in range(5):
         pr = pairs[rot:] + pairs[:rot]
@@ -126,7 +139,7 @@ def test_validation_bins_do_not_depend_on_the_order_of_the_validation_set() -> N
         pb = torch.cat([c[:, None], ((1 - c) / 9)[:, None].expand(-1, 9)], 1)
         y = torch.tensor([0 if ok else 1 for _, ok in pr])
         bins = F_cal.validation_bins(pb, y, 2)
-        assert bins.acc.tolist() == [0.0, 1.0] and bins.edges.tolist() == [0.1]
+        assert bins.acc.tolist() == [0.25, 1.0] and bins.edges.tolist() == [0.7]
 
 
 def test_update_needs_a_sample_per_bin_and_probabilities() -> None:
@@ -263,8 +276,16 @@ def test_adaptive_interface(name: str) -> None:
     loss = build_loss(name, n_bins=3, update_every=25)
     assert loss.adaptive and loss.update_every == 25 and loss.history == []
     assert loss.gammas.shape == (3,) and loss.edges.shape == (2,)
-    rec = loss.update(*_val_set(0.9, 0.5))
+    probs, labels = _val_set(0.9, 0.5)
+    step = torch.arange(10, dtype=torch.float64) * 1e-3  # distinct confidences, rows sum to 1
+    probs[:, 0] += step
+    probs[:, 1] -= step
+    rec = loss.update(probs, labels)
     assert set(rec) == {"step", "edges", "c_val", "a_val", "counts", "gammas", "switched"}
     assert len(rec["edges"]) == 2 and all(len(rec[k]) == 3 for k in ("c_val", "gammas"))
     assert rec["counts"] == [4, 3, 3] and all(isinstance(v, float) for v in rec["gammas"])
+    # one confidence for all: the tied run stays in bin 0, bins 1-2 are empty (NaN, γ finite)
+    rec = loss.update(*_val_set(0.9, 0.5))
+    assert rec["counts"] == [10, 0, 0] and rec["edges"] == [1.0, 1.0]
+    assert math.isnan(rec["c_val"][1]) and all(math.isfinite(v) for v in rec["gammas"])
     assert not build_loss("focal").adaptive and not hasattr(build_loss("focal"), "update")

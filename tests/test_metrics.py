@@ -207,18 +207,39 @@ def _rows(pairs: list[tuple[float, int]], k: int = 10) -> tuple[torch.Tensor, to
     return probs, labels
 
 
-def test_adaece_issue_example_is_order_independent():
+def test_adaece_issue_example_keeps_ties_together_whatever_the_order():
     import itertools
 
-    # (.1,0)(.1,1)(.1,0)(.1,0)(.7,1), 2 groups of sizes [3, 2]; ties sorted incorrect first:
-    #   (.1,0)(.1,0)(.1,0) | (.1,1)(.7,1) -> |0 − .3| + |2 − .8| = 1.5 -> AdaECE = 1.5/5 = .3
-    # (the input order used to decide: .18 as given, .30 with (.1,1) moved last)
+    # (.1,0)(.1,1)(.1,0)(.1,0)(.7,1), 2 bins. Sorted confidences .1 .1 .1 .1 .7; array_split sizes
+    # [3, 2] put the boundary between positions 2 and 3, both .1: it moves past the tied run
+    # (Kumar et al.'s get_equal_bins: boundary (.1 + .1)/2 = .1, a confidence on a boundary goes
+    # to the lower bin), so the bins are {.1 ×4} and {.7}:
+    #   bin 0: conf .1, acc 1/4 -> 4/5 · |.25 − .1| = .12
+    #   bin 1: conf .7, acc 1   -> 1/5 · |1 − .7|   = .06      AdaECE = .18
+    # (ordering the ties by correctness instead gave {(.1,0) ×3} | {(.1,1), (.7,1)} -> .30, a
+    # value that depends on the labels of tied samples, not only on the confidences)
     pairs = [(0.1, 0), (0.1, 1), (0.1, 0), (0.1, 0), (0.7, 1)]
     values = set()
     for perm in itertools.permutations(range(5)):
         probs, labels = _rows([pairs[i] for i in perm])
         values.add(round(M.adaece(probs, labels, n_bins=2), 12))
-    assert values == {0.3}
+    assert values == {0.18}
+    table = M.reliability_table(*_rows(pairs), n_bins=2, binning="mass")
+    assert table["count"].tolist() == [4, 1]
+    assert table["acc"].tolist() == [0.25, 1.0]
+    assert table["lower"].tolist() == [0.0, 0.7] and table["upper"].tolist() == [0.7, 1.0]
+
+
+def test_equal_mass_ties_swallowing_a_group_leave_it_empty():
+    # 6 samples, 3 bins of 2: sorted .2 .5 .5 .5 .5 .9 -> groups {.2, .5…} would cut the run of
+    # .5's twice; the run stays in group 0 (where it starts), group 1 is empty, group 2 = {.9}
+    pairs = [(0.5, 1), (0.2, 0), (0.5, 0), (0.9, 1), (0.5, 1), (0.5, 0)]
+    probs, labels = _rows(pairs)
+    table = M.reliability_table(probs, labels, n_bins=3, binning="mass")
+    assert table["count"].tolist() == [5, 0, 1]
+    assert table["lower"].tolist() == [0.0, 0.9, 0.9] and table["upper"].tolist() == [0.9, 0.9, 1]
+    # bin 0: conf (.2 + 4·.5)/5 = .44, acc 2/5 -> 5/6 · .04; bin 2: 1/6 · .1 -> (.2 + .1)/6 = .05
+    assert M.adaece(probs, labels, n_bins=3) == pytest.approx(0.05, abs=1e-12)
 
 
 def _tied(seed: int, n: int = 600) -> tuple[np.ndarray, np.ndarray]:
@@ -257,6 +278,22 @@ def _adaece_stable_on_conf(probs: np.ndarray, labels: np.ndarray, n_bins: int) -
         np.array_split(conf[order], n_bins), np.array_split(correct[order], n_bins), strict=True
     )
     return sum(abs(a.sum() - c.sum()) for c, a in groups) / len(conf)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adaece_equals_verified_calibration_equal_bins(seed):
+    # Kumar et al.'s own package: ECE with get_equal_bins (midpoint boundaries between the
+    # array_split groups, duplicates merged), p = 1, top-label — on data with many ties
+    from calibration import get_ece_em
+
+    probs, labels = _tied(seed, n=301)
+    for n_bins in (2, 7, 15, 40):
+        ref = get_ece_em(probs, labels, num_bins=n_bins)
+        assert M.adaece(probs, labels, n_bins=n_bins) == pytest.approx(ref, abs=1e-12), n_bins
+    rng = np.random.default_rng(seed)
+    p = rng.dirichlet(np.ones(5), size=500)
+    y = rng.integers(0, 5, size=500)
+    assert M.adaece(p, y, n_bins=15) == pytest.approx(get_ece_em(p, y, num_bins=15), abs=1e-12)
 
 
 def test_adaece_without_ties_is_numpy_array_split_of_the_stable_sort():
@@ -470,3 +507,24 @@ def test_report_requires_exactly_one_of_logits_probs():
 def test_reliability_table_bad_binning():
     with pytest.raises(ValueError, match="binning: expected 'width' or 'mass', got 'quantile'"):
         M.reliability_table(FIVE_PROBS, FIVE_LABELS, binning="quantile")
+
+
+@pytest.mark.parametrize("n_bins", [1, 3, 7, 40])
+def test_snapped_boundaries_and_group_ids_are_one_rule(n_bins):
+    # equal_mass_snap (boundaries, used by the sweep) and equal_mass_ids_sorted (ids, used by
+    # AdaECE) describe the same groups; no run of tied confidences straddles a boundary
+    from calibtune.metrics.binning import (
+        equal_mass_ids_sorted,
+        equal_mass_sizes,
+        equal_mass_snap,
+    )
+
+    g = torch.Generator().manual_seed(n_bins)
+    conf = (torch.randint(0, 6, (31,), generator=g).double() / 5).sort().values
+    ids = equal_mass_ids_sorted(conf, n_bins)
+    bounds = torch.cumsum(torch.tensor([0, *equal_mass_sizes(31, n_bins)]), 0)
+    snapped = equal_mass_snap(conf, bounds)
+    from_bounds = torch.repeat_interleave(torch.arange(n_bins), snapped.diff())
+    assert torch.equal(ids, from_bounds)
+    inner = snapped[(snapped > 0) & (snapped < 31)]
+    assert bool((conf[inner - 1] < conf[inner]).all())

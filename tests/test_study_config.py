@@ -269,3 +269,20 @@ def test_reuse_actors_defaults_to_true_and_can_be_turned_off(tmp_path):
     assert load_study(path).search.reuse_actors is True
     path.write_text(yaml.safe_dump(_with("search.reuse_actors", False)))
     assert load_study(path).search.reuse_actors is False
+
+
+def test_an_arm_reduction_reaches_its_trials_and_the_saved_study(tmp_path):
+    # issue 22, item 1: losses[i].reduction is the trial's loss.reduction for that arm only
+    from calibtune.study._studydir import self_contained
+    from calibtune.trial import config_from_dict
+
+    raw = _with("losses", ["cross_entropy", {"name": "focal", "reduction": "sum"}])
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    study = load_study(path)
+    assert [c.reduction for c in study.losses] == ["mean", "sum"]
+    focal = config_from_dict(trial_dict(study, {"loss": "focal"}, seed=1, name="x"))
+    ce = config_from_dict(trial_dict(study, {"loss": "cross_entropy"}, seed=1, name="y"))
+    assert focal.loss.reduction == "sum" and focal.loss.build().reduction == "sum"
+    assert ce.loss.reduction == "mean"
+    assert yaml.safe_load(self_contained(study))["losses"][1]["reduction"] == "sum"

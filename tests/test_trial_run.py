@@ -360,3 +360,27 @@ def test_mixed_precision_trains_and_fp16_checkpoints_its_scaler(tmp_path: Path, 
         assert state["scaler"] == {}
     again = run(cfg.replace(train=dataclasses.replace(cfg.train, epochs=3)))  # resumes epoch 3
     assert again.resumed_from_epoch == 2 and again.epochs_completed == 3
+
+
+def test_the_validation_split_follows_split_seed_not_the_trial_seed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # issue 22, item 2: the trial seed varies the initialisation only; data.split_seed (default
+    # 1, the seed papers' fixed split) draws the validation split. The real load_splits runs;
+    # the wrapper only records the seed the worker asked it for (local mode: in-process).
+    import calibtune.trial._worker as worker
+
+    seen: list[int] = []
+    real = worker.load_splits
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["seed"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(worker, "load_splits", recording)
+    a = run(_cfg(tmp_path, name="a", seed=3, train__epochs=1))
+    run(_cfg(tmp_path, name="b", seed=4, train__epochs=1))
+    c = run(_cfg(tmp_path, name="c", seed=3, train__epochs=1, data__split_seed=7))
+    assert seen == [1, 1, 7]
+    # same initialisation (seed 3), another validation split: the validation numbers move
+    assert a.history[-1]["val/nll"] != c.history[-1]["val/nll"]

@@ -288,9 +288,11 @@ def test_studies_may_select_on_refinement_and_aurc_but_not_on_a_ci_bound(tmp_pat
         load_study(study("val/ece_ci_low"))
 
 
-@pytest.mark.parametrize("shift, tables", [(6.0, True), (0.5, False)])
+@pytest.mark.parametrize(
+    "shift, tables, tied", [(6.0, True, False), (0.5, False, False), (6.0, True, True)]
+)
 def test_bootstrap_sweep_equals_a_loop_with_and_without_the_position_tables(
-    shift: float, tables: bool
+    shift: float, tables: bool, tied: bool
 ) -> None:
     # an accurate model keeps most resamples monotone up to large bin counts: the sweep then
     # reads its sums from the every-position tables; a poor one stops early and searches
@@ -301,6 +303,8 @@ def test_bootstrap_sweep_equals_a_loop_with_and_without_the_position_tables(
     y = torch.randint(0, k, (n,), generator=g)
     z = torch.randn(n, k, generator=g, dtype=torch.float64)
     z[torch.arange(n), y] += shift
+    if tied:  # coarse logits: runs of tied confidences straddle the equal-mass boundaries
+        z = torch.round(z)
     p = torch.softmax(z, 1)
     conf, pred = p.max(1)
     correct = pred == y

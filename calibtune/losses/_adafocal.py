@@ -11,10 +11,13 @@ Conventions:
 * Training samples are binned by their true-class probability p_y: bin b = [e_b, e_{b+1}), the
   first open below and the last open above (so p_y equal to an edge goes to the upper bin).
 * ``update`` re-bins the validation set into equal-mass groups of top-label confidence with
-  exactly `calibtune.metrics.adaece`'s grouping (sort by confidence, tied confidences incorrect
-  first, ``numpy.array_split`` sizes, every sample counted), so the bins do not depend on the
-  order of the validation set; the inner edge between groups b−1 and b is the smallest confidence
-  in group b. E_b = C_val,b − A_val,b (mean confidence − accuracy) drives the rule.
+  exactly `calibtune.metrics.adaece`'s grouping (sort by confidence, ``numpy.array_split``
+  sizes, tied confidences kept in one group, every sample counted), so the bins depend on the
+  confidences alone — not on the labels or the order of the validation set; the inner edge
+  between groups b−1 and b is the smallest confidence in group b. E_b = C_val,b − A_val,b (mean
+  confidence − accuracy) drives the rule. A group emptied by ties (its run of tied confidences
+  started in an earlier group) has zero width, C_val = A_val = NaN in the record and E_b = 0, so
+  its γ is only subject to the sign switch; no training sample falls in it.
 * State and arithmetic are float64; ``state_dict()`` round-trips exactly and loads with
   ``torch.load(weights_only=True)``.
 """
@@ -22,14 +25,13 @@ Conventions:
 from __future__ import annotations
 
 import copy
-import itertools
 from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from calibtune._registry import Param
-from calibtune.metrics.binning import bin_stats, equal_mass_sizes, equal_mass_sort
+from calibtune.metrics.binning import bin_stats, equal_mass_sort, equal_mass_starts
 from calibtune.metrics.validation import ArrayLike, check_probs_labels
 
 from . import _functional as F
@@ -69,8 +71,10 @@ def initial_edges(n_bins: int) -> torch.Tensor:
 def validation_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int) -> ValidationBins:
     """Bin validation predictions into ``n_bins`` equal-mass groups of top-label confidence.
 
-    The grouping is `calibtune.metrics.adaece`'s; edge b (between groups b−1 and b) is the
-    smallest confidence in group b. Needs N ≥ n_bins so that no group is empty. O(N log N).
+    The grouping is `calibtune.metrics.adaece`'s (ties kept together); edge b (between groups
+    b−1 and b) is the smallest confidence in group b (for an empty group: where the next
+    non-empty one starts, or 1). Needs N ≥ n_bins. O(N log N). Empty groups have count 0 and
+    NaN ``conf``/``acc``.
     Shapes: ``probs`` (N, K) probabilities (softmax of the logits), ``labels`` (N,).
     """
     p, y = check_probs_labels(probs, labels, n_bins)
@@ -82,11 +86,10 @@ def validation_bins(probs: ArrayLike, labels: ArrayLike, n_bins: int) -> Validat
         )
     conf, pred = p.max(dim=1)
     correct = pred == y
-    order, ids = equal_mass_sort(conf, correct, n_bins)
+    order, ids = equal_mass_sort(conf, n_bins)
     conf64 = conf.to(_F64)
     counts, conf_sum, acc_sum = bin_stats(ids, conf64, correct.to(_F64), n_bins)
-    starts = list(itertools.accumulate(equal_mass_sizes(n, n_bins)))[:-1]
-    edges = conf64[order[torch.tensor(starts, dtype=torch.long, device=p.device)]]
+    edges = equal_mass_starts(conf64[order], ids[order], n_bins)[1:]
     return ValidationBins(edges, conf_sum / counts, acc_sum / counts, counts)
 
 
@@ -203,7 +206,8 @@ class _BinnedGammaLoss(CalibrationLoss):
             bins = validation_bins(val_probs, val_labels, self.n_bins)
         except ValueError as exc:
             raise ValueError(f"{self.name}.update(val_probs, val_labels): {exc}") from None
-        gap = (bins.conf - bins.acc).to(self.gammas.device)
+        # an empty bin carries no evidence: E_b = 0 (NaN would poison its γ for good)
+        gap = torch.nan_to_num(bins.conf - bins.acc, nan=0.0).to(self.gammas.device)
         new, switched = self._next_gammas(gap)
         self.gammas.copy_(new)
         self.edges.copy_(bins.edges)

@@ -5,11 +5,11 @@
 
 Learning rates: the gradient of a sum over a batch of B samples is B times the gradient of the
 mean, so one SGD step of ``lr`` on the sum equals one step of ``lr × B`` on the mean. Code that
-sums over the batch (the seed papers' code does) therefore corresponds to ``reduction="mean"``
-with its learning rate *multiplied* by the batch size — not divided. The seed code also clips
-the gradient norm at 2 (not in the papers; ``train.grad_clip`` in a trial config). Exactly, with
-SGD + momentum + weight decay: lr·(clip_2(g_sum) + wd·θ) = (lr·B)·(clip_{2/B}(g_mean) + (wd/B)·θ),
-i.e. lr × B, grad_clip 2/B, weight_decay wd/B on the mean loss (docs/losses.md).
+sums over the batch (most of the seed papers' code does; their Brier loss and the FCL code do
+not) is reproduced by ``reduction="sum"`` at its own learning rate (``loss.reduction`` in a trial
+config) together with its clip norm of 2 (``train.grad_clip``), tested in
+tests/test_reduction_step.py. Equivalently, for a summed loss only, with SGD + momentum + weight
+decay: lr·(clip_2(g_sum) + wd·θ) = (lr·B)·(clip_{2/B}(g_mean) + (wd/B)·θ) (docs/losses.md).
 """
 
 from __future__ import annotations

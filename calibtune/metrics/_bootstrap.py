@@ -2,7 +2,7 @@
 
 A resample draws N of the N test samples with replacement; B resamples are one (B, N) index
 tensor (`bootstrap_indices`). The samples are first renumbered in the equal-mass order (sorted by
-(confidence, correctness), once) and the indices turned into multiplicities w (B, N) in that
+confidence, once) and the indices turned into multiplicities w (B, N) in that
 order (w_bi = how often sample i is in resample b). Every metric is a function of the multiset of
 a resample's samples, so each is computed from weighted sums over the sorted samples, for all B
 at once:
@@ -14,9 +14,12 @@ at once:
 * equal-width metrics (ECE, MCE): sorted by confidence, each bin is a run of sorted samples, so
   its sums are prefix sums at the run ends; error is the correct count at the end;
 * equal-mass metrics (AdaECE, debiased ECE, sweep ECE) read group sums at their group
-  boundaries; the sweep only revisits the resamples whose bin accuracies are still monotone, and
-  once its boundaries outnumber the positions it reads the sums from (B, N+1) tables at every
-  integer position (one search) instead of searching for each boundary;
+  boundaries; AdaECE's and the sweep's boundaries are moved past the run of tied confidences
+  they cut (`binning.equal_mass_snap`), which puts every boundary between two sorted samples, so
+  their sums are plain prefix sums there; the sweep only revisits the resamples whose bin
+  accuracies are still monotone, and once its boundaries outnumber the positions it reads them
+  from a (B, N+1) table of the snapped boundary at every integer position (one search) instead
+  of searching for each boundary;
 * per-sample means (NLL, Brier) are w @ x / N;
 * classwise ECE: the non-zero bins of p[:, k] from one (B, N) @ sparse (N, K·n_bins) product, bin
   0 by difference from the dense class totals w @ p;
@@ -35,7 +38,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .binning import equal_mass_order, equal_width_ids
+from .binning import equal_mass_order, equal_width_ids, fill_empty_groups
 from .keys import REPORT_KEYS
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
@@ -77,11 +80,11 @@ def _prefix(x: torch.Tensor) -> torch.Tensor:
 def _in_order(
     conf: torch.Tensor, correct: torch.Tensor, indices: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The equal-mass order (N,) of the samples (by confidence, then correctness) and the
+    """The equal-mass order (N,) of the samples (by confidence) and the
     multiplicities (B, N) of ``indices`` with the samples renumbered in that order: every metric
     is a function of the multiset of samples, so the rest works on sorted data (no (B, N)
     gather)."""
-    order = equal_mass_order(conf, correct)
+    order = equal_mass_order(conf)
     rank = torch.empty_like(order)
     rank[order] = torch.arange(order.numel(), device=order.device)
     idx = indices.to(order.device)
@@ -92,8 +95,8 @@ def _in_order(
 class _Sorted:
     """Every resample in the equal-mass order without sorting or expanding it: the sorted
     resample is the sorted samples with sample i repeated w_i times, so a prefix sum over its
-    positions is a prefix sum over the sorted samples weighted by w, plus a partial copy of the
-    sample that straddles the position.
+    positions up to the end of a run of tied confidences (where every snapped equal-mass
+    boundary lies) is a prefix sum over the sorted samples weighted by w.
 
     Takes ``conf``, ``correct`` (N,) already in equal-mass order and their multiplicities w
     (B, N) (`_in_order`). ``conf``, ``correct`` (N,) float64; ``cnt``, ``c``, ``a`` (B, N+1)
@@ -107,49 +110,48 @@ class _Sorted:
         self.c = _prefix(w * self.conf)
         self.a = _prefix(w * self.correct)
         self.n = conf.numel()
-        self._every: torch.Tensor | None = None  # `accuracy_at`'s table
-
-    def rows(self, rows: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
-        # copying (R, N+1) rows costs more than the searches it saves unless R is small
-        if rows is None or 2 * rows.numel() > self.cnt.shape[0]:
-            return self.cnt, self.c, self.a
-        return self.cnt[rows], self.c[rows], self.a[rows]
+        # sorted sample index just past the run of confidences tied with sample i (N,)
+        self.run_end = torch.searchsorted(self.conf, self.conf, right=True)
+        self._every: torch.Tensor | None = None  # `snapped`'s table
 
     def sample_at(self, cnt: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The sorted sample f (B, P) holding resample position ``pos`` (B, P) float64 in
         [0, n]: cnt_f ≤ pos < cnt_{f+1} (f = N at pos = n)."""
         return torch.searchsorted(cnt, pos, right=True).sub_(1)
 
-    def prefix_at(
-        self, pos: torch.Tensor, rows: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Confidence and accuracy sums (R, P) over sorted resample positions [0, pos_j), for
-        integer positions ``pos`` (P,) or (R, P) in [0, n] (``rows``: only these resamples)."""
-        cnt, c, a = self.rows(rows)
-        at = pos.to(_F64).expand(cnt.shape[0], -1).contiguous()  # (P,) or one row per resample
-        f = self.sample_at(cnt, at)
-        part = at.sub_(cnt.gather(1, f))  # copies of sample f before pos: 0 when f = N
-        last = f.clamp_max(self.n - 1)
-        c_at = c.gather(1, f).add_(part * self.conf[last])
-        a_at = a.gather(1, f).add_(part.mul_(self.correct[last]))
-        if rows is not None and c_at.shape[0] != rows.numel():
-            return c_at[rows], a_at[rows]
-        return c_at, a_at
+    def snapped(self, pos: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Equal-mass boundaries moved past the tied confidences they cut
+        (`binning.equal_mass_snap`, per resample): for integer positions ``pos`` (P,) or (R, P)
+        in [0, n], the sorted sample index k (R, P) whose prefix ``cnt[:, k]`` is the snapped
+        boundary — the end of the run of ties holding resample position pos − 1 (0 at pos = 0).
+        Read from a table at every position once the positions asked for outnumber its
+        B × (n+1) (a long sweep visits ≈ n²/2 positions per resample)."""
+        shared = pos.ndim == 1
+        r = rows.numel() if rows is not None else self.cnt.shape[0]
+        if shared and self._every is None and r * pos.numel() >= self.cnt.numel():
+            self._every = self._snap(torch.arange(self.n + 1, device=pos.device), self.cnt)
+        if shared and self._every is not None:
+            return self._every[:, pos] if rows is None else self._every[rows[:, None], pos]
+        if rows is None:
+            return self._snap(pos, self.cnt)
+        # copying (R, N+1) rows costs more than the searches it saves unless R is small
+        if 2 * rows.numel() > self.cnt.shape[0]:
+            return self._snap(pos, self.cnt)[rows]
+        return self._snap(pos, self.cnt[rows])
 
-    def accuracy_at(self, pos: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """Accuracy sums (R, P) at integer positions ``pos`` (P,) of the resamples ``rows``
-        (R,): `prefix_at`, or a gather from a table at every position once the positions asked
-        for outnumber its B × (n+1) (a long sweep visits ≈ n²/2 positions per resample)."""
-        if self._every is None and rows.numel() * pos.numel() >= self.cnt.numel():
-            self._every = self.prefix_at(torch.arange(self.n + 1, device=pos.device))[1]
-        if self._every is None:
-            return self.prefix_at(pos, rows)[1]
-        return self._every[rows[:, None], pos[None, :]]
+    def _snap(self, pos: torch.Tensor, cnt: torch.Tensor) -> torch.Tensor:
+        at = (pos - 1).clamp_min(0).to(_F64).expand(cnt.shape[0], -1).contiguous()
+        k = self.run_end[self.sample_at(cnt, at)]
+        return torch.where(pos > 0, k, torch.zeros_like(k))
 
-    def group_sums(self, bounds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Confidence and accuracy sums (B, P−1) over sorted positions [bounds_j, bounds_j+1)."""
-        c_at, a_at = self.prefix_at(bounds)
-        return c_at.diff(dim=1), a_at.diff(dim=1)
+    def at_samples(
+        self, k: torch.Tensor, rows: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Count, confidence and accuracy prefix sums (R, P) before sorted samples ``k`` (R, P)."""
+        if rows is None:
+            return self.cnt.gather(1, k), self.c.gather(1, k), self.a.gather(1, k)
+        r = rows[:, None]
+        return self.cnt[r, k], self.c[r, k], self.a[r, k]
 
 
 def _equal_mass_bounds(n: int, b: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -165,8 +167,8 @@ def _sizes_bounds(n: int, n_bins: int, device: torch.device) -> torch.Tensor:
 
 
 def _adaece(s: _Sorted, n_bins: int) -> torch.Tensor:
-    c, a = s.group_sums(_sizes_bounds(s.n, n_bins, s.conf.device))
-    return (a - c).abs().sum(1) / s.n
+    _, c, a = s.at_samples(s.snapped(_sizes_bounds(s.n, n_bins, s.conf.device)))
+    return (a.diff(dim=1) - c.diff(dim=1)).abs().sum(1) / s.n
 
 
 def _ece_debiased(s: _Sorted, n_bins: int) -> torch.Tensor:
@@ -203,9 +205,10 @@ def _sweep_monotone(s: _Sorted, counts: torch.Tensor, rows: torch.Tensor) -> tor
     )
     bounds = _equal_mass_bounds(s.n, counts[seg], j)
     inside = (seg[1:] == seg[:-1]).nonzero().squeeze(1)
-    acc = s.accuracy_at(bounds, rows).diff(dim=1)[:, inside]
+    cnt, _, a = s.at_samples(s.snapped(bounds, rows), rows)
+    size = cnt.diff(dim=1)[:, inside]
+    acc = fill_empty_groups(a.diff(dim=1)[:, inside] / size.clamp_min(1), size > 0)
     seg = seg[inside]
-    acc /= (bounds[inside + 1] - bounds[inside]).to(_F64)
     drop = (acc[:, 1:] < acc[:, :-1]) & (seg[1:] == seg[:-1])
     broken = torch.zeros(rows.numel(), counts.numel(), dtype=_F64, device=dev)
     return broken.index_add_(1, seg[1:], drop.to(_F64)) == 0
@@ -231,7 +234,7 @@ def _ece_sweep(s: _Sorted) -> torch.Tensor:
         lo, width = lo + counts.numel(), width * 2
     j = torch.arange(int(b_star.max()) + 1, device=dev)
     bounds = _equal_mass_bounds(s.n, b_star[:, None], j)  # (B, max b* + 1)
-    c_at, a_at = s.prefix_at(bounds)
+    _, c_at, a_at = s.at_samples(s.snapped(bounds))
     return (a_at.diff(dim=1) - c_at.diff(dim=1)).abs().sum(1) / s.n
 
 

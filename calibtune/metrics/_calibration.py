@@ -3,8 +3,9 @@
 Every function takes ``probs`` (N, K) — probabilities, never logits — and ``labels`` (N,) integer
 class indices, and returns a Python float as a fraction (not a percentage). Computation is
 vectorised torch on the device of ``probs``; bins are assigned in the input dtype against edges
-that are exactly k/n_bins in that dtype, equal-mass groups break confidence ties by correctness
-(both conventions in `calibtune.metrics.binning`), and bin sums are accumulated in float64.
+that are exactly k/n_bins in that dtype, equal-mass groups keep tied confidences together (both
+conventions in `calibtune.metrics.binning`), and bin sums are accumulated in float64. Any memory
+layout is accepted (transposed views, strided slices such as ``probs[::2]``).
 
 References:
     Guo et al. 2017, "On Calibration of Modern Neural Networks" (ECE, MCE, reliability diagrams).
@@ -26,11 +27,14 @@ from ._smece import smooth_ece
 from .binning import (
     bin_stats,
     binned_gap,
-    equal_mass_ids,
+    equal_mass_ids_sorted,
     equal_mass_order,
     equal_mass_sizes,
+    equal_mass_snap,
+    equal_mass_starts,
     equal_width_edges,
     equal_width_ids,
+    fill_empty_groups,
 )
 from .validation import ArrayLike, check_n_bins, logits_labels, probs_labels
 
@@ -63,9 +67,9 @@ class _Prepared:
 
     @property
     def sorted(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(confidences, correctness) in the equal-mass order (`metrics.binning`), float64."""
+        """(confidences, correctness) sorted by confidence (`metrics.binning`), float64."""
         if self._sorted is None:
-            order = equal_mass_order(self.conf, self.correct)
+            order = equal_mass_order(self.conf)
             self._sorted = (self.conf64[order], self.correct64[order])
         return self._sorted
 
@@ -119,7 +123,7 @@ def mce(
 
 def _adaece(prep: _Prepared, n_bins: int) -> float:
     conf, correct = prep.sorted
-    ids = equal_mass_ids(conf.numel(), n_bins, conf.device)
+    ids = equal_mass_ids_sorted(conf, n_bins)
     return float(binned_gap(*bin_stats(ids, conf, correct, n_bins)))
 
 
@@ -128,11 +132,12 @@ def adaece(
 ) -> float:
     """Adaptive (equal-mass) ECE.
 
-    Samples are sorted by confidence ascending — tied confidences with the incorrect samples first,
-    so the value never depends on the input order — and split into ``n_bins`` contiguous groups
-    whose sizes differ by at most one, larger groups first (``numpy.array_split`` sizes); every
-    sample is counted exactly once (unlike the focal_calibration reference, which drops the
-    minimum).
+    Samples are sorted by confidence ascending and split into ``n_bins`` contiguous groups whose
+    sizes differ by at most one, larger groups first (``numpy.array_split`` sizes); tied
+    confidences stay together in the group where their run starts (boundaries only between
+    distinct confidences, as Kumar et al.'s ``get_equal_bins``), so the value depends on neither
+    the labels' nor the input's order. Every sample is counted exactly once (unlike the
+    focal_calibration reference, which drops the minimum).
     AdaECE = Σ_g |G_g|/N · |acc_g − conf_g|. Mukhoti et al. 2020, "Calibrating Deep Neural
     Networks using Focal Loss" (ECE_EM in Ghosh et al. 2022).
     """
@@ -149,11 +154,11 @@ def _classwise_ece(prep: _Prepared, n_bins: int) -> float:
     # Most entries of a K-class probability matrix lie in the first bin (p ≤ 1/n_bins): bin only
     # the others, and get each class's first-bin sum as its column total minus theirs (10k × 100:
     # 3 % of the entries; ~3× faster than binning all N·K on CPU, the same ids and sums).
-    upper = (p > equal_width_edges(n_bins, p.dtype, p.device)[1]).view(-1).nonzero().squeeze(1)
+    upper = (p > equal_width_edges(n_bins, p.dtype, p.device)[1]).reshape(-1).nonzero().squeeze(1)
     cls = upper.remainder(k)
-    ids = equal_width_ids(p.view(-1)[upper], n_bins).add_(cls, alpha=n_bins)
+    ids = equal_width_ids(p.reshape(-1)[upper], n_bins).add_(cls, alpha=n_bins)
     conf_sum = torch.zeros(k, n_bins, dtype=_F64, device=p.device)
-    conf_sum.view(-1).index_add_(0, ids, prep.p64.view(-1)[upper])
+    conf_sum.view(-1).index_add_(0, ids, prep.p64.reshape(-1)[upper])
     conf_sum[:, 0] = prep.p64.sum(0) - conf_sum[:, 1:].sum(1)
     # 1{y = k} is non-zero only at (n, y_n): N entries instead of N·K
     hit = equal_width_ids(p.gather(1, y[:, None]).squeeze(1), n_bins).add_(y, alpha=n_bins)
@@ -251,9 +256,17 @@ def ece_debiased(
 
 
 def _sweep_errors(
-    cum_conf: torch.Tensor, cum_acc: torch.Tensor, counts: torch.Tensor, p: float
+    conf: torch.Tensor,
+    cum_conf: torch.Tensor,
+    cum_acc: torch.Tensor,
+    counts: torch.Tensor,
+    p: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each candidate bin count b in ``counts`` (C,): monotone flag (C,) and ECE_p (C,)."""
+    """For each candidate bin count b in ``counts`` (C,): monotone flag (C,) and ECE_p (C,).
+
+    ``conf`` (N,) sorted; groups are `equal_mass_snap`'s (ties together), so some are empty: they
+    add nothing and the monotonicity test skips them.
+    """
     n = cum_conf.numel() - 1
     device = cum_conf.device
     seg = torch.repeat_interleave(torch.arange(counts.numel(), device=device), counts)
@@ -263,13 +276,15 @@ def _sweep_errors(
     b = counts[seg]
     q, r = n // b, n % b
     start = j * q + torch.minimum(j, r)
-    end = start + q + (j < r).long()
+    end = equal_mass_snap(conf, start + q + (j < r).long())
+    start = equal_mass_snap(conf, start)
     size = (end - start).to(_F64)
+    safe = size.clamp_min(1)
     acc_sum = cum_acc[end] - cum_acc[start]
     conf_sum = cum_conf[end] - cum_conf[start]
-    acc = acc_sum / size
-    gap = ((acc_sum - conf_sum).abs() / size).pow(p) * size / n
+    gap = ((acc_sum - conf_sum).abs() / safe).pow(p) * size / n
     ece_p = torch.zeros(counts.numel(), dtype=_F64, device=device).index_add_(0, seg, gap)
+    acc = fill_empty_groups(acc_sum / safe, size > 0)
     # a decrease between consecutive bins of the same b breaks monotonicity
     drop = (acc[1:] < acc[:-1]) & (seg[1:] == seg[:-1])
     broken = torch.zeros(counts.numel(), dtype=torch.bool, device=device)
@@ -287,7 +302,7 @@ def _ece_sweep(prep: _Prepared, p: float = 1.0) -> float:
     lo, width = 1, 64
     while lo <= n:
         counts = torch.arange(lo, min(n, lo + width - 1) + 1, device=conf.device)
-        monotone, errs = _sweep_errors(cum_conf, cum_acc, counts, p)
+        monotone, errs = _sweep_errors(conf, cum_conf, cum_acc, counts, p)
         if not bool(monotone.all()):
             first_bad = int((~monotone).nonzero()[0, 0])
             if first_bad > 0:
@@ -307,8 +322,8 @@ def ece_sweep(
     The number of bins b* is the largest b (sweeping b = 1, 2, … and stopping at the first b whose
     equal-mass bin accuracies are not non-decreasing in confidence) and
     ECE_SWEEP = (Σ_b |B_b|/N · |acc_b − conf_b|^p)^{1/p} at b*. Groups follow ``adaece``
-    (``array_split`` sizes; tied confidences incorrect first). ``p=1`` (default) is comparable with
-    ECE; Roelofs et al. also use ``p=2``.
+    (``array_split`` sizes, tied confidences kept together; empty groups are skipped by the
+    monotonicity test). ``p=1`` (default) is comparable with ECE; Roelofs et al. also use ``p=2``.
     """
     pr, y = probs_labels(probs, labels, validate_args=validate_args)
     if validate_args and not (isinstance(p, (int, float)) and p >= 1):
@@ -350,7 +365,9 @@ def reliability_table(
     over-confident). Empty bins have count 0 and NaN conf/acc/gap.
     ``binning="width"``: equal-width (lo, hi] bins. ``binning="mass"``: the ``adaece`` groups;
     group b spans [smallest confidence in b, smallest confidence in b+1), the first starting at 0
-    and the last ending at 1 (the edges AdaFocal bins training samples with).
+    and the last ending at 1 (the edges AdaFocal bins training samples with); an empty group
+    (swallowed by tied confidences, or n < n_bins) spans the empty interval where the next
+    non-empty one starts.
     """
     p, y = probs_labels(probs, labels, n_bins, validate_args=validate_args)
     if validate_args and binning not in ("width", "mass"):
@@ -362,13 +379,9 @@ def reliability_table(
         lower, upper = edges[:-1], edges[1:]
     else:
         conf, correct = prep.sorted
-        n = conf.numel()
-        ids = equal_mass_ids(n, n_bins, conf.device)
+        ids = equal_mass_ids_sorted(conf, n_bins)
         count, conf_sum, acc_sum = bin_stats(ids, conf, correct, n_bins)
-        sizes = torch.tensor([0, *equal_mass_sizes(n, n_bins)], device=conf.device)
-        first = conf[torch.cumsum(sizes, 0)[:-1].clamp_max(n - 1)]
-        # an empty group (n < n_bins) starts where the next non-empty one does: upper edge 1
-        first = torch.where(count > 0, first, torch.ones_like(first))
+        first = equal_mass_starts(conf, ids, n_bins)
         lower = torch.cat([torch.zeros(1, dtype=_F64, device=conf.device), first[1:]])
         upper = torch.cat([first[1:], torch.ones(1, dtype=_F64, device=conf.device)])
     safe = count.clamp_min(1)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -458,8 +459,13 @@ def adaptive_summary(
     gammas: Sequence[float], gap: Sequence[float], updates: int
 ) -> dict[str, float]:
     """`ADAPTIVE_SUMMARY` of one epoch's adaptive state: γ min/mean/max over the ``B`` bins,
-    the number of bins on inverse focal (γ < 0, AdaFocal's switch), max |C_val − A_val| and the
-    number of updates; keys ``adaptive/<name>``."""
+    the number of bins on inverse focal (γ < 0, AdaFocal's switch), max |C_val − A_val| over
+    the non-empty bins (an equal-mass bin emptied by tied confidences has a NaN gap) and the
+    number of updates; keys ``adaptive/<name>``.
+
+    >>> adaptive_summary([1.0, 2.0], [float("nan"), -0.25], 3)["adaptive/gap_absmax"]
+    0.25
+    """
     g = [float(x) for x in gammas]
     out: dict[str, float] = {key("adaptive", "updates"): float(updates)}
     if g:
@@ -467,8 +473,9 @@ def adaptive_summary(
         out[key("adaptive", "gamma_mean")] = sum(g) / len(g)
         out[key("adaptive", "gamma_max")] = max(g)
         out[key("adaptive", "inverse_bins")] = float(sum(x < 0 for x in g))
-    if gap:
-        out[key("adaptive", "gap_absmax")] = max(abs(float(x)) for x in gap)
+    seen = [abs(float(x)) for x in gap if not math.isnan(float(x))]
+    if seen:
+        out[key("adaptive", "gap_absmax")] = max(seen)
     return out
 
 

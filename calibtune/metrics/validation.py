@@ -38,10 +38,17 @@ ArrayLike = Any  # torch.Tensor | np.ndarray | nested sequences
 
 
 def as_tensor(x: ArrayLike, name: str) -> torch.Tensor:
+    """``x`` as a contiguous tensor (no copy when it is one already, on its own device).
+
+    Every public metric, post-hoc method and the AdaFocal controller take their arrays through
+    here, so they accept any layout — transposed views, ``probs[::2]``, numpy arrays with
+    negative strides (which ``torch.as_tensor`` rejects) — and the code behind may use ``view``.
+    """
     if isinstance(x, torch.Tensor):
-        return x.detach()
+        return x.detach().contiguous()
     try:
-        return torch.as_tensor(np.asarray(x))
+        arr = np.asarray(x)
+        return torch.as_tensor(arr if arr.flags.c_contiguous else arr.copy(order="C"))
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{name}: expected an array or tensor, got {type(x).__name__}") from exc
 

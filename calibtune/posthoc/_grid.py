@@ -5,8 +5,8 @@ samples. Each candidate yields top-label confidences (G, N) and correctness (G, 
 below reduce them to (G,) float64 values with exactly the conventions of `calibtune.metrics`:
 
 * ``"ece"``: equal-width bins ``(lo, hi]`` assigned in the confidences' dtype (as `metrics.ece`),
-* ``"adaece"``: sort by (confidence, correctness), ``numpy.array_split`` group sizes (as
-  `metrics.adaece`),
+* ``"adaece"``: sort by confidence, ``numpy.array_split`` group sizes, tied confidences kept
+  in one group (as `metrics.adaece`),
 
 both via the shared helpers of `calibtune.metrics.binning`, batched by offsetting the bin ids of
 candidate g by ``g * n_bins`` so that one ``index_add`` fills a (G, n_bins) table. Sums are
@@ -21,7 +21,7 @@ import torch
 from calibtune.metrics.binning import (
     bin_stats,
     binned_gap,
-    equal_mass_ids,
+    equal_mass_ids_sorted,
     equal_mass_order,
     equal_width_ids,
 )
@@ -52,37 +52,32 @@ def ece_grid(conf: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Te
     return _batched_gap(ids, conf.to(torch.float64), correct.to(torch.float64), n_bins)
 
 
-def _equal_mass_rows(
-    conf: torch.Tensor, correct: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _equal_mass_rows(conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row of conf (G, N) in `equal_mass_order`: (sorted values, original indices).
 
-    For float32 on the CPU the sort runs on int64 keys ``bits(conf) << (b+1) | correct << b |
-    index`` with numpy (non-negative float32 bit patterns order like the floats; the index in the
-    low bits makes every key unique, which reproduces the stable order) — about 10x faster than
-    ``torch.sort`` on these sizes. Elsewhere `equal_mass_order` (two stable ``torch.sort``).
+    For float32 on the CPU the sort runs on int64 keys ``bits(conf) << b | index`` with numpy
+    (non-negative float32 bit patterns order like the floats; the index in the low bits makes
+    every key unique, which reproduces the stable order) — about 10x faster than ``torch.sort``
+    on these sizes. Elsewhere `equal_mass_order` (a stable ``torch.sort``).
     """
     n = conf.shape[-1]
     shift = max(1, (n - 1).bit_length())
-    if conf.device.type == "cpu" and conf.dtype == torch.float32 and shift <= 31:
+    if conf.device.type == "cpu" and conf.dtype == torch.float32 and shift <= 32:
         bits = conf.contiguous().numpy().view(np.int32).astype(np.int64)
-        hit = correct.expand_as(conf).numpy().astype(np.int64)
-        keys = (bits << (shift + 1)) | (hit << shift) | np.arange(n, dtype=np.int64)
-        keys = np.sort(keys, axis=-1)
+        keys = np.sort((bits << shift) | np.arange(n, dtype=np.int64), axis=-1)
         order = torch.from_numpy(keys & ((1 << shift) - 1))
-        sconf = torch.from_numpy((keys >> (shift + 1)).astype(np.int32).view(np.float32))
+        sconf = torch.from_numpy((keys >> shift).astype(np.int32).view(np.float32))
         return sconf, order
-    order = equal_mass_order(conf, correct)
+    order = equal_mass_order(conf)
     return conf.gather(-1, order), order
 
 
 def adaece_grid(conf: torch.Tensor, correct: torch.Tensor, n_bins: int) -> torch.Tensor:
     """Equal-mass top-label ECE for each row: conf (G, N), correct (G, N) or (N,) -> (G,) f64."""
     correct = correct.expand_as(conf)
-    sconf, order = _equal_mass_rows(conf, correct)
+    sconf, order = _equal_mass_rows(conf)
     scorrect = correct.gather(-1, order)
-    g, n = conf.shape
-    ids = equal_mass_ids(n, n_bins, conf.device).expand(g, n)
+    ids = equal_mass_ids_sorted(sconf, n_bins)
     return _batched_gap(ids, sconf.to(torch.float64), scorrect.to(torch.float64), n_bins)
 
 

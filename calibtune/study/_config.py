@@ -58,7 +58,7 @@ SEARCH_KEYS = (
 #: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
 CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
 TRACKING_KEYS = ("uri", "experiment")
-LOSS_KEYS = ("name", "label", "space", "params")
+LOSS_KEYS = ("name", "label", "space", "params", "reduction")
 
 
 class StudyError(ValueError):
@@ -73,10 +73,12 @@ class Objective:
 
 @dataclass(frozen=True)
 class LossChoice:
-    """One arm of the study: a registered loss with its search space (``label`` is unique)."""
+    """One arm of the study: a registered loss with its search space (``label`` is unique) and
+    the trial's ``loss.reduction`` for it (``sum`` to train the arm as its authors' code did)."""
 
     label: str
     loss: LossSpace
+    reduction: str = "mean"
 
 
 @dataclass(frozen=True)
@@ -296,6 +298,8 @@ def _tracking(raw: Any) -> TrackingConfig:
 
 
 def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
+    from calibtune.trial import LOSS_REDUCTIONS
+
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise StudyError(f"losses: expected a non-empty list of losses, got {excerpt(raw)}")
     out: list[LossChoice] = []
@@ -335,7 +339,13 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
                 f"{where}: expected distinct losses (set label: to compare two spaces of one "
                 f"loss), got {excerpt(label)} twice"
             )
-        out.append(LossChoice(label, ls))
+        reduction = item.get("reduction", "mean")
+        if reduction not in LOSS_REDUCTIONS:
+            raise StudyError(
+                f"{where}.reduction: expected one of "
+                f"{', '.join(repr(r) for r in LOSS_REDUCTIONS)}, got {excerpt(reduction)}"
+            )
+        out.append(LossChoice(label, ls, reduction))
     return tuple(out)
 
 

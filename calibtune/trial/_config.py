@@ -40,6 +40,7 @@ from calibtune.losses import LOSSES
 from calibtune.trial._metrics import metric_keys
 
 __all__ = [
+    "LOSS_REDUCTIONS",
     "DataConfig",
     "EvalConfig",
     "LossConfig",
@@ -58,6 +59,8 @@ __all__ = [
 
 DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+#: ``loss.reduction`` choices ("none" would hand the loop a vector)
+LOSS_REDUCTIONS = ("mean", "sum")
 #: no value above these can be meant (a typo such as ``epochs: 1e30`` would train forever)
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
@@ -68,11 +71,17 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray
 
 @dataclass(frozen=True)
 class DataConfig:
-    """``name`` from ``calibtune.data.list_datasets()``; ``root`` where its files live."""
+    """``name`` from ``calibtune.data.list_datasets()``; ``root`` where its files live.
+
+    ``split_seed`` draws the train/validation split, separately from the trial ``seed`` (model
+    initialisation, batch order, augmentation): the seed papers fix the split (seed 1) and vary
+    the initialisation, so a seed spread measures initialisation variance alone.
+    """
 
     name: str = "digits"
     root: str | None = None
     val_fraction: float = 0.1
+    split_seed: int = 1
     ood: tuple[str, ...] | None = None  # None: calibtune.data.default_ood(name); (): none
     shift: tuple[str, ...] | None = None  # None: calibtune.data.default_shift(name); (): none
 
@@ -84,19 +93,28 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class LossConfig:
-    """``params`` are resolved (defaults filled) through ``LOSSES.get(name).resolve``."""
+    """``params`` are resolved (defaults filled) through ``LOSSES.get(name).resolve``.
+
+    ``reduction`` (`LOSS_REDUCTIONS`) combines a batch's per-sample losses: ``mean`` (default)
+    or ``sum``, as the seed papers' code does for most arms — one SGD step on the sum is B times
+    the step on the mean (before ``train.grad_clip``), so an arm trains as its authors' code
+    only with their reduction and clip norm (docs/trial.md, docs/papers.md).
+    """
 
     name: str = "cross_entropy"
     params: Mapping[str, Any] = field(default_factory=dict)
+    reduction: str = "mean"
 
-    def build(self, reduction: str = "mean") -> Any:
+    def build(self) -> Any:
         """The loss module (`calibtune.losses.CalibrationLoss`) from the resolved ``params``,
-        which are not checked a second time.
+        which are not checked a second time, reducing a batch by ``reduction``.
 
         >>> LossConfig("focal", {"gamma": 2.0}).build()
         FocalLoss(gamma=2.0, reduction='mean')
+        >>> LossConfig("focal", {"gamma": 3.0}, reduction="sum").build()
+        FocalLoss(gamma=3.0, reduction='sum')
         """
-        return LOSSES.get(self.name).factory.from_params(reduction, **self.params)
+        return LOSSES.get(self.name).factory.from_params(self.reduction, **self.params)
 
 
 @dataclass(frozen=True)
@@ -218,7 +236,10 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
     if shift is not None:  # a set corrupts one dataset's splits: only its sets are choices
         shift = check_choices(shift, "data.shift", _d.shift_sets_for(name), f"{name} shift sets")
     vf = check_float(d.get("val_fraction", 0.1), "data.val_fraction", 0.0, low_open=True, high=0.5)
-    return DataConfig(name=name, root=root, val_fraction=vf, ood=ood, shift=shift)
+    split_seed = check_int(d.get("split_seed", DataConfig.split_seed), "data.split_seed", 0)
+    return DataConfig(
+        name=name, root=root, val_fraction=vf, split_seed=split_seed, ood=ood, shift=shift
+    )
 
 
 def _model(d: Mapping[str, Any]) -> ModelConfig:
@@ -239,7 +260,8 @@ def _loss(d: Mapping[str, Any]) -> LossConfig:
         resolved = LOSSES.get(name).resolve(**params)
     except ValueError as e:
         raise ValidationError(f"loss.params: {cut(str(e), 200)}") from None
-    return LossConfig(name=name, params=resolved)
+    reduction = check_choice(d.get("reduction", "mean"), "loss.reduction", LOSS_REDUCTIONS)
+    return LossConfig(name=name, params=resolved, reduction=reduction)
 
 
 def _optimizer(d: Mapping[str, Any]) -> OptimizerConfig:

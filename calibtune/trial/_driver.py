@@ -393,7 +393,10 @@ def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
     with ``splits``, also refuse a ``train.batch_size`` larger than the training split."""
     if splits:
         loaded = D.load_splits(
-            cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+            cfg.data.name,
+            root=cfg.data.root,
+            seed=cfg.data.split_seed,
+            val_fraction=cfg.data.val_fraction,
         )
         n_train = len(loaded.train)
         if cfg.train.batch_size > n_train:

@@ -154,7 +154,10 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
     splits = load_splits(
-        cfg.data.name, root=cfg.data.root, seed=cfg.seed, val_fraction=cfg.data.val_fraction
+        cfg.data.name,
+        root=cfg.data.root,
+        seed=cfg.data.split_seed,
+        val_fraction=cfg.data.val_fraction,
     )
     net = precision.prepare(
         build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
