@@ -351,3 +351,18 @@ def test_resident_cifar_batches_equal_the_loaders_for_the_same_generator_draws()
     torch.testing.assert_close(plain, ds.normalized()[:32])
     streamed = DeviceBatches(ds, torch.device("cpu"), num_workers=2)  # a CPU with loader workers
     assert not streamed.resident
+
+
+def test_train_loss_is_the_mean_per_sample_loss_whatever_the_reduction():
+    out = {}
+    for reduction in ("mean", "sum"):
+        torch.manual_seed(0)
+        spec = _spec(torch.device("cpu"), "focal", "digits", n=100)  # batches of 32, 32, 32, 4
+        spec.loss_fn = LossConfig("focal", {"gamma": 2.0}, reduction=reduction).build()
+        spec.lr_at = lambda e: 0.0  # no update: both reductions see the same logits
+        spec.augment = None
+        loss_sum, _, seen = loop._train_epoch(
+            spec, loop._Sources.of(spec), 1, 0.0, lambda ds: None
+        )[0].tolist()
+        out[reduction] = loss_sum / seen
+    assert out["sum"] == pytest.approx(out["mean"], rel=1e-9)

@@ -249,18 +249,19 @@ def _update_every(loss_fn: nn.Module) -> int | str | None:
 
 
 class _Totals:
-    """This rank's float64 ``[Σ loss·B, #wrong, #seen, first bad step, its loss]`` on the
+    """This rank's float64 ``[Σ per-sample loss, #wrong, #seen, first bad step, its loss]`` on the
     device, accumulated without a host read; the first non-finite step is 0 until one occurs."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, summed: bool = False) -> None:
         self.t = torch.zeros(5, dtype=torch.float64, device=device)
+        self.summed = summed  # the loss is already Σ over the batch (``loss.reduction: sum``)
 
     def add(self, step: int, loss: Tensor, logits: Tensor, y: Tensor) -> None:
         # Python numbers enter as kernel arguments: no host-to-device copy (which would wait
         # for the device) and no read
         loss64, b = loss.detach().double(), y.shape[0]
         first = (self.t[3] == 0) & ~torch.isfinite(loss64)
-        self.t[0] += loss64 * b
+        self.t[0] += loss64 if self.summed else loss64 * b
         self.t[1] += (logits.detach().argmax(1) != y).sum()
         self.t[2] += b
         self.t[3] = torch.where(first, step, self.t[3])
@@ -302,7 +303,7 @@ def _train_epoch(
     batches = epoch_index_batches(
         n_train, spec.batch_size, seed=spec.seed, epoch=epoch, rank=spec.rank, world=spec.world
     )
-    totals = _Totals(spec.device)
+    totals = _Totals(spec.device, getattr(spec.loss_fn, "reduction", "mean") == "sum")
     updates: list[dict[str, Any]] = []
     progress = spec.progress
     progress.epoch, progress.step, progress.phase = epoch, 0, "training"
