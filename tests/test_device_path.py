@@ -365,4 +365,4 @@ def test_train_loss_is_the_mean_per_sample_loss_whatever_the_reduction():
             spec, loop._Sources.of(spec), 1, 0.0, lambda ds: None
         )[0].tolist()
         out[reduction] = loss_sum / seen
-    assert out["sum"] == pytest.approx(out["mean"], rel=1e-9)
+    assert out["sum"] == pytest.approx(out["mean"], rel=1e-6)  # float32 sum vs mean·B
