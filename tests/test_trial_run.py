@@ -384,3 +384,42 @@ def test_the_validation_split_follows_split_seed_not_the_trial_seed(
     assert seen == [1, 1, 7]
     # same initialisation (seed 3), another validation split: the validation numbers move
     assert a.history[-1]["val/nll"] != c.history[-1]["val/nll"]
+
+
+def test_best_epoch_selection_evaluates_the_best_checkpoint_and_survives_a_resume(
+    tmp_path: Path,
+) -> None:
+    from calibtune.trial._select import best_epoch
+
+    select = {"eval__select_epoch": "best", "eval__select_metric": "val/ece"}
+    cfg = _cfg(tmp_path, "focal", optimizer__lr=0.3, train__epochs=4, train__keep_checkpoints=1,
+               train__checkpoint_every=10, **select)  # fmt: skip
+    res = run(cfg)
+    chosen = best_epoch(res.history, "val/ece")
+    assert res.metrics["selected_epoch"] == chosen
+    # the final test numbers are the chosen epoch's model's (test is scored every epoch)
+    assert res.metrics["test/nll"] == pytest.approx(res.history[chosen - 1]["test/nll"], rel=1e-6)
+    kept = sorted(p.name for p in (tmp_path / cfg.name / "checkpoints").iterdir())
+    assert kept == sorted({f"epoch_{chosen:06d}", "epoch_000004"})  # best + latest
+    longer = cfg.replace(train=dataclasses.replace(cfg.train, epochs=6))
+    again = run(longer)  # resumes at epoch 5 with the history and the best checkpoint
+    assert again.resumed_from_epoch == 4
+    chosen = best_epoch(again.history, "val/ece")
+    assert again.metrics["selected_epoch"] == chosen
+    assert again.metrics["test/nll"] == pytest.approx(
+        again.history[chosen - 1]["test/nll"], rel=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("metric", "expected"),
+    [
+        ("test/ece", "eval.select_metric: expected a validation metric"),
+        ("val/ece@ts", "eval.select_metric: expected a key every epoch reports"),
+        ("val/nope", "eval.select_metric: expected a metric with a direction"),
+    ],
+)
+def test_select_metric_is_checked_like_an_objective(metric: str, expected: str) -> None:
+    with pytest.raises(ValueError) as info:
+        config_from_dict({"eval": {"select_epoch": "best", "select_metric": metric}})
+    assert str(info.value).startswith(expected) and "\n" not in str(info.value)

@@ -149,3 +149,22 @@ def test_trial_inside_a_tune_function_trainable_reports_every_epoch(tmp_path: Pa
         assert list(df["epoch"].dropna()) == [1, 2, 3]  # one Tune report per epoch
         assert df["val/ece"].notna().sum() == 3
         assert 0.0 <= r.metrics["final_test_ece"] <= 1.0
+
+
+def test_worker_mode_evaluates_the_best_epoch_that_ray_kept(tmp_path: Path) -> None:
+    """``eval.select_epoch: best`` with one Train worker: Ray's CheckpointConfig keeps the
+    best-scoring checkpoint (and the latest); the final evaluation loads the best one."""
+    from dataclasses import replace
+
+    from calibtune.trial._select import best_epoch
+
+    cfg = _cfg(tmp_path, "best", 1)
+    cfg = cfg.replace(
+        optimizer=replace(cfg.optimizer, lr=0.3),
+        train=replace(cfg.train, epochs=4, keep_checkpoints=1, checkpoint_every=10),
+        eval=replace(cfg.eval, test_every_epoch=True, select_epoch="best", select_metric="val/ece"),
+    )
+    res = run(cfg)
+    chosen = best_epoch(res.history, "val/ece")
+    assert res.metrics["selected_epoch"] == chosen
+    assert res.metrics["test/nll"] == pytest.approx(res.history[chosen - 1]["test/nll"], rel=1e-6)

@@ -105,6 +105,8 @@ SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study", *SHIFT_
 SELECTABLE_SPLITS = ("val", "train", "val_shift")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
 RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time")
+#: the epoch whose model the final evaluation used (``eval.select_epoch: best``)
+SELECTED_EPOCH = "selected_epoch"
 TRAIN_KEYS = ("loss", "error")  # running averages over the epoch's training batches
 ADAPTIVE_LISTS = ("gammas", "edges", "gap")  # one element per validation bin
 #: per-epoch summaries of the adaptive state (`adaptive_summary`): what MLflow gets by default
@@ -556,16 +558,18 @@ def final_keys(
     shift: Iterable[tuple[str, str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
     bootstrap: bool = False,
+    select_best: bool = False,
 ) -> frozenset[str]:
     """Keys of the end-of-trial evaluation (``calibtune.training.evaluate_final``).
 
     ``posthoc``: method names; ``posthoc_params``: method -> fitted parameter names (omitted:
     no ``posthoc/`` keys); ``ood``: OOD sources (`ood_source`: ``svhn``, ``digits_noise/s3``);
     ``shift``: ``(split, set, severities)`` of every shift set evaluated (`shift_keys`);
-    ``bootstrap``: CI bounds of the test `BOOTSTRAP_KEYS` before and after every method.
+    ``bootstrap``: CI bounds of the test `BOOTSTRAP_KEYS` before and after every method;
+    ``select_best``: `SELECTED_EPOCH` (``eval.select_epoch: best``).
     """
     posthoc = list(posthoc)
-    out = {key("test", m) for m in report}
+    out = {key("test", m) for m in report} | ({SELECTED_EPOCH} if select_best else set())
     out |= {key(s, m, p) for s in ("val", "test") for m in report for p in posthoc}
     out |= {key(s, m, p) for s in ("val", "test") for m in FINAL_ONLY_KEYS for p in ("", *posthoc)}
     if bootstrap:

@@ -38,6 +38,7 @@ TAG_STATUS = "calibtune.status"
 TAG_LOSS = "calibtune.loss"
 TAG_HASH = "calibtune.file_hash"
 TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
+TAG_SELECTED_EPOCH = "calibtune.selected_epoch"  # the epoch the final evaluation used
 TAG_FIGURES = "calibtune.figures_pending"  # study name: its driver renders this run's figures
 TAG_ARTIFACTS = "calibtune.artifacts_dir"  # where the trial wrote its artifacts (its machine)
 PARENT = "mlflow.parentRunId"
@@ -461,6 +462,8 @@ class MlflowTrialCallback:
         log_missing(self.uri, self.run_id, metrics, step=0)
         from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag
 
+        if K.SELECTED_EPOCH in metrics:  # eval.select_epoch: best
+            client.set_tag(self.run_id, TAG_SELECTED_EPOCH, str(int(metrics[K.SELECTED_EPOCH])))
         if artifacts_dir and (nodes := worker_nodes_tag(Path(artifacts_dir))) is not None:
             client.set_tag(self.run_id, TAG_WORKER_NODES, nodes)  # where the trial's ranks ran
         if artifacts_dir and Path(artifacts_dir).is_dir():

@@ -120,8 +120,16 @@ def epoch_dir(checkpoint_root: str | os.PathLike[str], epoch: int) -> Path:
     return Path(checkpoint_root) / f"epoch_{epoch:06d}"
 
 
-def prune_local_checkpoints(checkpoint_root: str | os.PathLike[str], keep: int) -> None:
+def prune_local_checkpoints(
+    checkpoint_root: str | os.PathLike[str], keep: int, keep_epochs: set[int] | None = None
+) -> None:
+    """Remove all but the ``keep`` latest ``epoch_NNNNNN`` folders, or, with ``keep_epochs``,
+    all but those epochs' (`calibtune.trial._select.keep_local`)."""
     root = Path(checkpoint_root)
     dirs = sorted(p for p in root.iterdir() if _EPOCH_DIR.match(p.name)) if root.is_dir() else []
-    for p in dirs[:-keep]:
+    if keep_epochs is not None:
+        drop = [p for p in dirs if int(p.name.split("_")[1]) not in keep_epochs]
+    else:
+        drop = dirs[:-keep]
+    for p in drop:
         shutil.rmtree(p, ignore_errors=True)

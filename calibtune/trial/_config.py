@@ -37,7 +37,8 @@ from calibtune._validate import (
 )
 from calibtune._yaml import cut, excerpt, load_file, load_text
 from calibtune.losses import LOSSES
-from calibtune.trial._metrics import metric_keys
+from calibtune.metrics import keys as K
+from calibtune.trial._metrics import epoch_shift_sets, metric_keys
 
 __all__ = [
     "LOSS_REDUCTIONS",
@@ -66,6 +67,7 @@ MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
 PRECISIONS = ("fp32", "bf16", "fp16")  # `calibtune.training.Precision`
+SELECT_EPOCHS = ("last", "best")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
 
@@ -170,6 +172,10 @@ class EvalConfig:
     posthoc: Mapping[str, Mapping[str, Any]] = field(
         default_factory=lambda: {name: {} for name in DEFAULT_POSTHOC}
     )
+    # which epoch's model the final (post-hoc, OOD, shift) evaluation uses: the last, or the best
+    # by select_metric (a validation key every epoch reports; "refine, then calibrate")
+    select_epoch: str = "last"
+    select_metric: str = "val/nll"
 
 
 @dataclass(frozen=True)
@@ -355,6 +361,10 @@ def _eval(d: Mapping[str, Any]) -> EvalConfig:
         epoch_posthoc=_epoch_posthoc(d.get("epoch_posthoc")),
         epoch_shift=check_bool(d.get("epoch_shift", False), "eval.epoch_shift"),
         epoch_selective=check_bool(d.get("epoch_selective", False), "eval.epoch_selective"),
+        select_epoch=check_choice(
+            d.get("select_epoch", e.select_epoch), "eval.select_epoch", SELECT_EPOCHS
+        ),
+        select_metric=check_str(d.get("select_metric", e.select_metric), "eval.select_metric"),
     )
 
 
@@ -410,7 +420,7 @@ def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
         return check_mapping(d.get(key), key)
 
     train = _train(sub("train"))
-    return TrialConfig(
+    cfg = TrialConfig(
         name=check_name(d.get("name", "trial"), "name"),
         seed=check_int(d.get("seed", 1), "seed", 0),
         storage_path=check_str(d.get("storage_path", "runs/trials"), "storage_path"),
@@ -423,6 +433,33 @@ def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
         eval=_eval(sub("eval")),
         scaling=_scaling(sub("scaling")),
     )
+    _check_select_metric(cfg)
+    return cfg
+
+
+def _check_select_metric(cfg: TrialConfig) -> None:
+    """``eval.select_metric`` is checked like a study objective: a validation key with a
+    direction that every epoch reports (``@method`` needs the method in ``eval.epoch_posthoc``,
+    AURC-like keys ``eval.epoch_selective``)."""
+    m = cfg.eval.select_metric
+    if (why := K.selection_refusal(m)) is not None:
+        raise fail("eval.select_metric", why.removeprefix("expected "), m)
+    try:
+        K.direction(m)
+    except ValueError:
+        raise fail("eval.select_metric", "a metric with a direction (e.g. val/nll)", m) from None
+    every_epoch = K.epoch_keys(
+        epoch_posthoc=cfg.eval.epoch_posthoc,
+        selective=cfg.eval.epoch_selective,
+        epoch_shift=epoch_shift_sets(cfg),
+    )
+    if m not in every_epoch:
+        raise fail(
+            "eval.select_metric",
+            "a key every epoch reports (e.g. val/nll, val/ece; val/<m>@<method> needs the method "
+            "in eval.epoch_posthoc)",
+            m,
+        )
 
 
 def _plain(v: Any) -> Any:

@@ -37,6 +37,7 @@ from calibtune._io import atomic_write
 from calibtune._names import check_name, safe_join
 from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.data import DatasetNotFoundError
+from calibtune.metrics import keys as K
 from calibtune.training import NonFiniteLossError
 from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
@@ -306,7 +307,7 @@ def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list
         name=cfg.name,
         storage_path=str(storage),
         failure_config=ray.train.FailureConfig(max_failures=cfg.scaling.max_failures),
-        checkpoint_config=ray.train.CheckpointConfig(num_to_keep=cfg.train.keep_checkpoints),
+        checkpoint_config=_checkpoint_config(cfg),
         callbacks=run_callbacks or None,
     )
     return TorchTrainer(
@@ -315,6 +316,22 @@ def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list
         scaling_config=scaling,
         run_config=run_config,
         torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+    )
+
+
+def _checkpoint_config(cfg: TrialConfig) -> Any:
+    """Ray keeps ``train.keep_checkpoints`` checkpoints and the latest: the latest ones, or with
+    ``eval.select_epoch: best`` the best-scoring by ``eval.select_metric``
+    (`calibtune.trial._select`)."""
+    import ray.train
+
+    keep = cfg.train.keep_checkpoints
+    if cfg.eval.select_epoch != "best":
+        return ray.train.CheckpointConfig(num_to_keep=keep)
+    metric = cfg.eval.select_metric
+    order = K.direction(metric)
+    return ray.train.CheckpointConfig(
+        num_to_keep=keep, checkpoint_score_attribute=metric, checkpoint_score_order=order
     )
 
 

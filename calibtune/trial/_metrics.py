@@ -51,6 +51,15 @@ def shift_sets(cfg: TrialConfig) -> list[str]:
     return list(D.default_shift(cfg.data.name) if cfg.data.shift is None else cfg.data.shift)
 
 
+def epoch_shift_sets(cfg: TrialConfig) -> list[tuple[str, Any]]:
+    """``(set, severities)`` of the validation-side shift sets every epoch reports
+    (``eval.epoch_shift``), else none."""
+    if not cfg.eval.epoch_shift:
+        return []
+    sides = [(n, D.shift_severities(n)) for n in shift_sets(cfg)]
+    return [(n, sev["val_shift"]) for n, sev in sides if "val_shift" in sev]
+
+
 def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[str]:
     """Every metric key a trial run with ``cfg`` reports (its epoch reports and its final
     metrics); ``posthoc_params=False`` leaves out ``posthoc/<method>/<param>`` (no fitting)."""
@@ -62,14 +71,13 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
         }
     shift = [(side, n, sev) for n in shift_sets(cfg) for side, sev in D.shift_severities(n).items()]
     return K.expected_keys(
+        select_best=cfg.eval.select_epoch == "best",
         posthoc=cfg.eval.posthoc,
         posthoc_params=params,
         epoch_posthoc=cfg.eval.epoch_posthoc,
         ood=ood_sources(cfg),
         shift=shift,
-        epoch_shift=[
-            (n, sev) for side, n, sev in shift if side == "val_shift" and cfg.eval.epoch_shift
-        ],
+        epoch_shift=epoch_shift_sets(cfg),
         adaptive=bool(getattr(loss, "adaptive", False)),
         bootstrap=cfg.eval.bootstrap > 0,
         epoch_selective=cfg.eval.epoch_selective,

@@ -63,6 +63,7 @@ from calibtune.trial._config import TrialConfig, config_from_dict
 from calibtune.trial._errors import failure
 from calibtune.trial._metrics import shift_sets
 from calibtune.trial._placement import record_placement
+from calibtune.trial._select import best_epoch, is_new_best, keep_local, score
 
 # Lazy: Ray (`ray.train`, `ray.tune`) only inside the functions that run in a Ray Train worker,
 # so that `import calibtune.trial` (the `train` command, study config checks) does not load Ray.
@@ -263,9 +264,12 @@ class EpochReporter:
             ray.train.report(metrics, checkpoint=ckpt)
 
     def _checkpoint(self, epoch: int) -> Any:
-        """Write this epoch's checkpoint when due; with workers return it for Ray to persist."""
+        """Write this epoch's checkpoint when due (and, with ``eval.select_epoch: best``, at
+        every new best epoch); with workers return it for Ray to persist."""
         t = self.t
-        if epoch % t.cfg.train.checkpoint_every and epoch != t.cfg.train.epochs:
+        ev = t.cfg.eval
+        best = ev.select_epoch == "best" and is_new_best(t.history, ev.select_metric)
+        if epoch % t.cfg.train.checkpoint_every and epoch != t.cfg.train.epochs and not best:
             return None
         rngs = _gather_rngs(t.world)
         if t.rank != 0:
@@ -279,13 +283,51 @@ class EpochReporter:
         if t.local:
             root = t.trial_dir / "checkpoints"
             save_state(epoch_dir(root, epoch), epoch=epoch, history=t.history, rngs=rngs, **state)
-            prune_local_checkpoints(root, t.cfg.train.keep_checkpoints)
+            prune_local_checkpoints(root, t.cfg.train.keep_checkpoints, _kept(t, root))
             return None
         from ray.train import Checkpoint
 
         tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
         save_state(tmp, epoch=epoch, history=t.history, rngs=rngs, **state)
         return Checkpoint.from_directory(tmp)
+
+
+def _kept(t: _Trial, root: Path) -> set[int] | None:
+    """With ``eval.select_epoch: best``, the local checkpoints to keep (Ray's rule: the best-
+    scoring and the latest); else None (the latest ``keep_checkpoints``)."""
+    ev = t.cfg.eval
+    if ev.select_epoch != "best":
+        return None
+    epochs = [int(p.name.split("_")[1]) for p in root.glob("epoch_*")]
+    scores = {int(h["epoch"]): score(h, ev.select_metric) for h in t.history}
+    return keep_local(epochs, t.cfg.train.keep_checkpoints, scores)
+
+
+def _best_state(t: _Trial, epoch: int) -> dict[str, Any]:
+    """The checkpoint of ``epoch`` (kept by the rule in `calibtune.trial._select`): Ray's
+    reported checkpoints in worker mode, the trial folder's in local mode."""
+    if t.local:
+        return load_state(epoch_dir(t.trial_dir / "checkpoints", epoch))
+    import ray.train
+
+    for reported in ray.train.get_all_reported_checkpoints():
+        if int(reported.metrics.get("epoch", -1)) == epoch:
+            with reported.checkpoint.as_directory() as d:
+                return load_state(d)
+    raise RuntimeError(f"eval.select_epoch: no checkpoint of the best epoch {epoch} was kept")
+
+
+def _select(t: _Trial, cache: Any) -> tuple[Any, dict[str, float]]:
+    """The model the final evaluation uses: the last epoch's (its cached logits), or the best
+    epoch's, loaded into ``t.net`` (its logits are inferred again)."""
+    ev = t.cfg.eval
+    if ev.select_epoch != "best":
+        return cache, {}
+    epoch = best_epoch(t.history, ev.select_metric) or len(t.history)
+    if epoch != len(t.history) or cache is None:
+        t.net.load_state_dict(_best_state(t, epoch)["model"])
+        cache = None
+    return cache, {K.SELECTED_EPOCH: float(epoch)}
 
 
 def _epoch_shift(t: _Trial, cache: Any) -> dict[str, float]:
@@ -359,6 +401,8 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
     def infer(ds: Any) -> Any:
         return _infer(t, ds)
 
+    cache, selected = _select(t, cache)
+
     if cache is None or cache.test_logits is None:  # resumed after the last epoch
         (val, val_y), (test, test_y) = infer(t.splits.val), infer(t.splits.test)
     else:
@@ -382,6 +426,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         n_bins=cfg.eval.n_bins,
         bootstrap=cfg.eval.bootstrap,
     )
+    final.metrics.update(selected)
     art = t.trial_dir / "artifacts"
     write_artifacts(
         art,
