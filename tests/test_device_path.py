@@ -366,3 +366,26 @@ def test_train_loss_is_the_mean_per_sample_loss_whatever_the_reduction():
         )[0].tolist()
         out[reduction] = loss_sum / seen
     assert out["sum"] == pytest.approx(out["mean"], rel=1e-6)  # float32 sum vs mean·B
+
+
+def test_samples_per_second_is_reported_every_epoch():
+    spec = _spec(torch.device("cpu"), "cross_entropy", "digits", n=96)
+    seen: list[dict] = []
+    train_epochs(spec, on_epoch_end=lambda e, m, c: seen.append(m))
+    assert seen[0]["samples_per_s"] == pytest.approx(96 / seen[0]["train_time"])
+    assert "gpu_util" not in seen[0] and "gpu_mem_gib" not in seen[0]  # never guessed on a CPU
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_utilisation_and_peak_memory_are_measured_on_cuda():
+    from calibtune.training._utilisation import DeviceMonitor
+
+    dev = torch.device("cuda")
+    monitor = DeviceMonitor(dev, period_s=0.05).start()
+    a = torch.randn(4096, 4096, device=dev)
+    for _ in range(200):
+        a = torch.tanh(a @ a)
+    torch.cuda.synchronize()
+    out = monitor.stop()
+    assert out["gpu_mem_gib"] > 0.06  # two 64 MiB matrices at least
+    assert 0.0 <= out.get("gpu_util", 0.0) <= 100.0

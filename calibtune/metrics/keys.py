@@ -59,6 +59,7 @@ __all__ = [
     "BOOTSTRAP_KEYS",
     "CI_STATS",
     "FINAL_ONLY_KEYS",
+    "GPU_KEYS",
     "HIGHER_IS_BETTER",
     "OOD_MEASURES",
     "OOD_SCORES",
@@ -104,7 +105,9 @@ SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study", *SHIFT_
 # Selection must never look at test data: objectives are validation (or training) metrics.
 SELECTABLE_SPLITS = ("val", "train", "val_shift")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
-RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time")
+RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time", "samples_per_s")
+#: a GPU trial's utilisation per epoch (`calibtune.training.DeviceMonitor`)
+GPU_KEYS = ("gpu_util", "gpu_mem_gib")
 #: the epoch whose model the final evaluation used (``eval.select_epoch: best``)
 SELECTED_EPOCH = "selected_epoch"
 TRAIN_KEYS = ("loss", "error")  # running averages over the epoch's training batches
@@ -515,6 +518,7 @@ def epoch_keys(
     epoch_shift: Iterable[tuple[str, Sequence[int]]] = (),
     report: Sequence[str] = REPORT_KEYS,
     selective: bool = False,
+    gpu: bool = False,
 ) -> frozenset[str]:
     """Keys of the per-epoch reports (``calibtune.training.train_epochs``): run-level values,
     ``train/{loss,error}``, ``val/<m>``, ``val/<m>@<method>`` for ``epoch_posthoc``, ``test/<m>``
@@ -522,8 +526,8 @@ def epoch_keys(
     on one, `is_final_only`) ``val/{aurc,augrc,refinement_nll}[@<method>]``, for an adaptive
     loss ``adaptive/*`` (epochs in which it updated) and, for ``epoch_shift``
     ``(set, severities)``, its `shift_keys` on ``val_shift`` uncalibrated and after
-    ``epoch_posthoc``."""
-    out = set(RUN_KEYS)
+    ``epoch_posthoc``; with ``gpu`` (``scaling.use_gpu``) the `GPU_KEYS`."""
+    out = set(RUN_KEYS) | (set(GPU_KEYS) if gpu else set())
     out |= {key("train", n) for n in TRAIN_KEYS}
     out |= {key(s, m) for s in ("val", "test") for m in report}
     out |= {key("val", m, p) for m in report for p in epoch_posthoc}
@@ -596,6 +600,7 @@ _EPOCH_SETTINGS = {
     "adaptive": "adaptive",
     "epoch_shift": "epoch_shift",
     "epoch_selective": "selective",
+    "gpu": "gpu",
 }
 
 

@@ -36,6 +36,7 @@ from calibtune.training._batches import DeviceBatches, epoch_index_batches, infe
 from calibtune.training._final import posthoc_val_metrics
 from calibtune.training._precision import Precision
 from calibtune.training._uncertainty import selective_metrics
+from calibtune.training._utilisation import DeviceMonitor
 
 __all__ = [
     "EpochCache",
@@ -233,10 +234,14 @@ def train_epochs(
         lr = spec.lr_at(epoch)
         for group in spec.optimizer.param_groups:
             group["lr"] = lr
+        monitor = DeviceMonitor(spec.device).start()
         totals, updates = _train_epoch(spec, sources, epoch, lr, infer)
         train_time = time.perf_counter() - t0
+        busy = monitor.stop()
         metrics, cache = _evaluate_epoch(spec, sources, epoch, lr, totals, updates, infer)
         metrics["train_time"] = train_time
+        metrics["samples_per_s"] = len(sources.train) / train_time  # all ranks together
+        metrics.update(busy)
         metrics["epoch_time"] = time.perf_counter() - t0
         if on_epoch_end is not None:
             on_epoch_end(epoch, metrics, cache)

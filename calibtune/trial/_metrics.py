@@ -72,6 +72,7 @@ def metric_keys(cfg: TrialConfig, *, posthoc_params: bool = True) -> frozenset[s
     shift = [(side, n, sev) for n in shift_sets(cfg) for side, sev in D.shift_severities(n).items()]
     return K.expected_keys(
         select_best=cfg.eval.select_epoch == "best",
+        gpu=cfg.scaling.use_gpu,
         posthoc=cfg.eval.posthoc,
         posthoc_params=params,
         epoch_posthoc=cfg.eval.epoch_posthoc,
