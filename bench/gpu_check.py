@@ -14,6 +14,7 @@ Steps (each timed; any failure makes the exit status 1):
    history and once in its MLflow run;
 7. a trial checkpointed on the GPU resumes on the CPU (one more epoch there).
 
+``--bench`` then runs bench/bench_gpu.py (issue 21's GPU benchmark) on the same device.
 Without CUDA it says so and exits 0. ``--cpu --small`` runs the same steps on the CPU with small
 data and small models (gloo instead of nccl): that is how `make test` keeps the script working
 (tests/test_gpu_check.py). Each command runs as ``python -m calibtune`` of this checkout.
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--small", action="store_true", help="small data and models")
     ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--out", type=Path, help="also write the table to this file")
+    ap.add_argument("--bench", action="store_true", help="then run bench/bench_gpu.py")
     args = ap.parse_args(argv)
     import torch
 
@@ -301,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     print(c.table())
     if args.out:
         args.out.write_text(c.table() + "\n")
+    if args.bench:
+        flags = [f for f, on in (("--cpu", args.cpu), ("--small", args.small)) if on]
+        subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), *flags], env=env)
     return 1 if c.failed else 0
 
 

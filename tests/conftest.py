@@ -49,6 +49,7 @@ FIRST = [
     "ray_session",
     "cluster",
     "tests/test_faults.py",
+    "tests/test_gpu_check.py",
     "tests/test_tracking_server.py",
     "tests/test_load_smoke.py",
     "tests/test_terminal.py",
