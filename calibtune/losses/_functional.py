@@ -283,7 +283,7 @@ def _soft_focal(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -
     logp = torch.log_softmax(z, dim=1)
     t = targets.to(z.dtype)
     if gamma:
-        q = torch.expm1(logp).neg_().clamp_min(torch.finfo(z.dtype).tiny)
+        q = torch.expm1(logp).neg().clamp_min(torch.finfo(z.dtype).tiny)
         t = t * q.pow(gamma)
     return finish(-(t * logp).sum(dim=1), red, logits.dtype)
 

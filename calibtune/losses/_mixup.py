@@ -30,7 +30,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from calibtune._registry import Param
@@ -84,10 +83,12 @@ class MixedTargets:
         tensor([[0.7000, 0.0000, 0.3000],
                 [0.3000, 0.0000, 0.7000]])
         """
-        lam = self.lam.to(dtype).view(-1, 1, 1)
-        a = F.one_hot(self.labels, k).to(dtype).expand(self.copies, -1, -1)
-        b = F.one_hot(self.partner_labels(), k).to(dtype)
-        return a * lam + b * (1 - lam)
+        m, b = self.partner.shape
+        lam = self.lam.to(dtype).view(m, 1, 1).expand(m, b, 1)
+        out = torch.zeros(m, b, k, dtype=dtype, device=self.labels.device)
+        # scatter, not F.one_hot: one_hot checks the labels' range with a host read
+        out.scatter_add_(2, self.labels.expand(m, b).unsqueeze(2), lam)
+        return out.scatter_add_(2, self.partner_labels().unsqueeze(2), 1 - lam)
 
 
 def mixup_batch(x: Tensor, y: Tensor, alpha: float, copies: int = 1) -> tuple[Tensor, MixedTargets]:
