@@ -206,7 +206,9 @@ def rankmixup_mrl_loss(
     The mixed sample's top score must sit a margin below its clean source's. The paper writes
     it with confidences; the authors' code (``RankMixup_MRL.get_logit_diff``, the probability
     version commented out) uses the logits, on which its m = 0.1, w = 0.1 were set, and skips
-    copies whose soft target is one-hot (it tests ``t == 1.0``; here the labels, exactly).
+    copies whose soft target is one-hot (it tests ``t == 1.0``; here the labels, exactly). Its
+    (B,) mask times the (B, 1) hinges broadcasts to (B, B), so its mean is the fraction of
+    two-class copies times the mean of *all* hinges; here each copy is masked by itself.
     Shapes: ((1 + M)·B, K), `MixedTargets` -> scalar, or (B,) for ``"none"``.
 
     >>> z = torch.tensor([[1.0, 0.0], [1.5, 0.0]])        # the mixed row is more confident
