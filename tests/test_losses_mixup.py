@@ -405,3 +405,14 @@ def test_host_reads_of_a_mixup_epoch_do_not_grow_with_its_steps(name):
 
     few, many = _reads_of_an_epoch(name, 64), _reads_of_an_epoch(name, 256)  # 2 vs 8 steps
     assert few == many <= 2
+
+
+def test_evaluation_passes_are_never_mixed():
+    torch.manual_seed(0)
+    spec = _spec("regmixup", 64)  # two training batches of 32; validation: 64 samples
+    rows = []
+    hook = spec.model.register_forward_hook(lambda m, i, o: rows.append(o.shape[0]))
+    cache = loop.train_epochs(spec)
+    hook.remove()
+    assert rows == [64, 64, 64]  # two mixed training batches (32 + 32), one validation pass
+    assert cache is not None and cache.val_logits.shape == (64, 10)

@@ -4,7 +4,8 @@ Pure PyTorch (no Ray): the trial adapter passes in the (possibly DDP-wrapped) mo
 a learning-rate function and an ``on_epoch_end`` callback that reports and checkpoints.
 
 Per epoch ``e`` (1-based):
-  1. train over the rank's batches of the global permutation for ``(seed, e)``;
+  1. train over the rank's batches of the global permutation for ``(seed, e)`` (a mixup-family
+     loss mixes each one first: its ``batch_transform``, see `_step`);
      an adaptive loss with integer ``update_every`` is updated after every ``update_every``
      batches from a fresh validation pass, after which the model goes back to ``train()``;
   2. one validation pass (cached logits) feeds both the epoch-end adaptive update
