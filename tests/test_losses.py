@@ -205,6 +205,10 @@ def test_registry_is_the_shared_registry_type() -> None:
         "logitnorm",
         "mdca",
         "dca",
+        # issue 23
+        "regmixup",
+        "rankmixup",
+        "rankmixup_mrl",
     }
 
 
@@ -622,6 +626,11 @@ FUNCTION_MODULES = {
     "logitnorm": (F_cal.logitnorm_loss, {"tau": 0.5}),
     "mdca": (F_cal.mdca_loss, {"beta": 2.0}),
     "dca": (F_cal.dca_loss, {"beta": 3.0}),
+    # with plain labels (no batch transform) the mixup family is its clean part; the mixed
+    # path is tested in tests/test_losses_mixup.py
+    "regmixup": (F_cal.regmixup_loss, {"alpha": 5.0, "eta": 0.5}),
+    "rankmixup": (F_cal.rankmixup_loss, {"alpha": 2.0, "weight": 0.3, "num_mixup": 2}),
+    "rankmixup_mrl": (F_cal.rankmixup_mrl_loss, {"alpha": 2.0, "margin": 0.2, "weight": 0.3}),
 }
 
 

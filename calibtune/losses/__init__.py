@@ -7,7 +7,10 @@ names every loss; ``LOSSES`` is the `calibtune._registry.Registry` whose entries
 loss's hyperparameters (defaults, valid ranges, ``searchable``). Adaptive losses (``adafocal``,
 ``adadual_focal``, ``calfocal``) have ``adaptive = True``, ``update_every``,
 ``update(val_probs, val_labels)``, ``gammas``, ``edges``, ``history``,
-``state_dict()``/``load_state_dict()`` and ``broadcast_state(src)``.
+``state_dict()``/``load_state_dict()`` and ``broadcast_state(src)``. The mixup family
+(``regmixup``, ``rankmixup``, ``rankmixup_mrl``) has ``batch_transform(x, y)``, which the training
+loop applies to each training batch (`mixup_batch`: clean rows, then mixed copies, and the
+`MixedTargets` the loss takes).
 The pure functions are in `calibtune.losses.functional`. See docs/losses.md for the table.
 """
 
@@ -15,6 +18,8 @@ from . import functional
 from ._adafocal import AdaDualFocalLoss, AdaFocalLoss, CalFocalLoss
 from ._base import CalibrationLoss
 from ._flsd import flsd_from_p0
+from ._mixup import MixedTargets, mixup_batch
+from ._mixup_modules import RankMixupLoss, RankMixupMRLLoss, RegMixupLoss  # issue 23
 from ._modules import (
     BrierLoss,
     CrossEntropyLoss,
@@ -50,8 +55,13 @@ __all__ = [
     "MDCALoss",
     "MMCELoss",
     "MbLSLoss",
+    "MixedTargets",
+    "RankMixupLoss",
+    "RankMixupMRLLoss",
+    "RegMixupLoss",
     "build_loss",
     "flsd_from_p0",
     "functional",
     "list_losses",
+    "mixup_batch",
 ]

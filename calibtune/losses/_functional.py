@@ -30,7 +30,7 @@ from torch import Tensor
 
 from calibtune._registry import Param
 
-from ._kernel import Schedule, smoothed_cross_entropy, target_prob_loss
+from ._kernel import Schedule, compute_view, finish, smoothed_cross_entropy, target_prob_loss
 from ._reduce import Reduction, check_reduction, reduce_loss
 
 __all__ = [
@@ -50,7 +50,9 @@ __all__ = [
 ]
 
 
-def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
+def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str, soft: bool = False) -> None:
+    """Shapes and dtypes only (no device read). ``soft``: (B, K) floating-point targets (class
+    probabilities, e.g. mixup's) are accepted too; other losses refuse them in one line."""
     if not isinstance(logits, torch.Tensor) or logits.dim() != 2:
         shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(logits).__name__
         raise ValueError(f"{fn}: logits: expected a 2-D (B, K) tensor, got {shape}")
@@ -61,6 +63,18 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
     b, k = logits.shape
     if b == 0 or k < 2:
         raise ValueError(f"{fn}: logits: expected B >= 1 samples and K >= 2 classes, got {(b, k)}")
+    if isinstance(targets, torch.Tensor) and targets.dim() == 2:
+        if not soft:
+            raise ValueError(
+                f"{fn}: targets: expected class indices of shape ({b},) (soft (B, K) targets: "
+                f"{', '.join(SOFT_TARGET_LOSSES)} only), got shape {tuple(targets.shape)}"
+            )
+        if targets.shape != (b, k) or not targets.is_floating_point():
+            raise ValueError(
+                f"{fn}: targets: expected ({b},) int64 class indices or ({b}, {k}) floating-point "
+                f"class probabilities, got shape {tuple(targets.shape)} dtype {targets.dtype}"
+            )
+        return
     if not isinstance(targets, torch.Tensor) or targets.shape != (b,):
         shape = (
             tuple(targets.shape) if isinstance(targets, torch.Tensor) else type(targets).__name__
@@ -72,6 +86,9 @@ def _check_inputs(logits: torch.Tensor, targets: torch.Tensor, fn: str) -> None:
             "(use targets.long())"
         )
 
+
+#: the functions that take soft (B, K) targets too (their formula is a sum over classes)
+SOFT_TARGET_LOSSES: tuple[str, ...] = ("cross_entropy_loss", "focal_loss")
 
 # The rules of the functions' hyperparameters; each function declares them with its default
 # (`loss_function`), which its module class registers, so a module and its function check one rule.
@@ -104,11 +121,12 @@ def _checked(
     reduction: Any,
     validate_args: bool,
     *rules: tuple[Param, Any],
+    soft: bool = False,
 ) -> tuple[Any, ...]:
     """The boundary of every loss function ``fn``: ``logits``/``targets`` checked (always), then
     each ``(rule, value)`` and ``reduction`` (unless ``validate_args`` is False); returns the
     checked values followed by the reduction."""
-    _check_inputs(logits, targets, fn)
+    _check_inputs(logits, targets, fn, soft)
     values = (_check(rule, value, fn, validate_args) for rule, value in rules)
     return (*values, _reduction(reduction, validate_args))
 
@@ -117,13 +135,13 @@ _TEMPLATE = """\
 def _make(_checked, _kernel, _rules):
     def {name}(logits, targets, {params}reduction="mean", *, validate_args=True):
         return _kernel(logits, targets, *_checked({name!r}, logits, targets, reduction,
-                                                  validate_args, {pairs}))
+                                                  validate_args, {pairs}{soft}))
     return {name}
 """
 
 
 def loss_function(
-    *rules: Param,
+    *rules: Param, soft: bool = False
 ) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
     """Decorator: ``kernel(logits, targets, *hyperparameters, reduction)``, which trusts its
     inputs, becomes the public loss function of the same name, docstring and module::
@@ -133,6 +151,7 @@ def loss_function(
     which checks ``logits``/``targets`` always and each hyperparameter against its `Param` rule
     and ``reduction`` unless ``validate_args`` is False (`_checked`), then calls the kernel. The
     signature is generated (as `dataclasses` does), so the wrapper costs one call, not a binding.
+    ``soft=True``: the kernel also takes (B, K) floating-point targets (`SOFT_TARGET_LOSSES`).
 
     >>> @loss_function(GAMMA)
     ... def scaled_ce(logits, targets, gamma, reduction):
@@ -150,6 +169,7 @@ def loss_function(
             name=name,
             params="".join(f"{n}, " for n in names),
             pairs=", ".join(f"(_rules[{i}], {n})" for i, n in enumerate(names)),
+            soft=(", " if names else "") + "soft=True" if soft else "",
         )
         scope: dict[str, Any] = {}
         # the kernel's module globals: doctest finds the function as that module's own
@@ -157,6 +177,7 @@ def loss_function(
         fn = scope["_make"](_checked, kernel, rules)
         fn.__doc__, fn.__module__, fn.__qualname__ = kernel.__doc__, kernel.__module__, name
         fn.rules = rules  # the registry entry of its module class declares these
+        fn.soft_targets = soft
         ann = kernel.__annotations__
         fn.__annotations__ = {
             **{n: ann.get(n, "Any") for n in ("logits", "targets", *names)},
@@ -222,24 +243,49 @@ _SCHEDULE = (_AsGiven("gammas"), _AsGiven("edges"))
 # -- p_y-based losses -------------------------------------------------------------------
 
 
-@loss_function()
+@loss_function(soft=True)
 def cross_entropy_loss(logits: Tensor, targets: Tensor, red: Reduction) -> Tensor:
     """Cross-entropy −log p_y. Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
 
+    Soft targets t (B, K) (class probabilities, e.g. mixup's λ onehot(y_a) + (1 − λ)
+    onehot(y_b)) give −Σ_k t_k log p_k, which is λ CE(y_a) + (1 − λ) CE(y_b) for mixup's.
     Delegates to ``F.cross_entropy``, whose ``mean``/``sum``/``none`` are exactly ours (no class
     weights), so no extra reduction node is added.
+
+    >>> z = torch.tensor([[2.0, 0.0]])
+    >>> # ½·(−log σ(2)) + ½·(−log σ(−2)) = ½·(0.12693 + 2.12693)
+    >>> round(float(cross_entropy_loss(z, torch.tensor([[0.5, 0.5]]))), 5)
+    1.12693
     """
+    if targets.dim() == 2:
+        return F.cross_entropy(logits, targets.to(logits.dtype), reduction=red)
     return F.cross_entropy(logits, targets, reduction=red)
 
 
-@loss_function(_gamma(3.0, "focusing parameter γ (0 = cross-entropy)"))
+@loss_function(_gamma(3.0, "focusing parameter γ (0 = cross-entropy)"), soft=True)
 def focal_loss(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
     """Focal loss −(1 − p_y)^γ log p_y, γ ≥ 0 (γ = 0 is cross-entropy).
 
     Lin et al. 2017, "Focal Loss for Dense Object Detection"; Mukhoti et al. 2020 for calibration.
-    Shapes: (B, K), (B,) -> scalar, or (B,) for ``"none"``.
+    Soft targets t (B, K) give −Σ_k t_k (1 − p_k)^γ log p_k (a one-hot t is the focal loss; a
+    mixup t is λ FL(y_a) + (1 − λ) FL(y_b), the mixup criterion), by autograd (`_soft_focal`).
+    Shapes: (B, K), (B,) or (B, K) -> scalar, or (B,) for ``"none"``.
     """
+    if targets.dim() == 2:
+        return _soft_focal(logits, targets, gamma, red)
     return target_prob_loss(logits, targets, gamma, reduction=red)
+
+
+def _soft_focal(logits: Tensor, targets: Tensor, gamma: float, red: Reduction) -> Tensor:
+    """−Σ_k t_k (1 − p_k)^γ log p_k per sample. 1 − p_k = −expm1(log p_k) (exact near p_k = 1),
+    floored at the smallest normal number so that (1 − p)^γ has a finite slope for γ < 1."""
+    z = compute_view(logits)
+    logp = torch.log_softmax(z, dim=1)
+    t = targets.to(z.dtype)
+    if gamma:
+        q = torch.expm1(logp).neg().clamp_min(torch.finfo(z.dtype).tiny)
+        t = t * q.pow(gamma)
+    return finish(-(t * logp).sum(dim=1), red, logits.dtype)
 
 
 @loss_function(_gamma(1.0, "exponent of (1+p_y)"))

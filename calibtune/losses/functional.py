@@ -38,11 +38,13 @@ from ._functional import (
     mmce_loss,
     mmce_weighted,
 )
+from ._mixup import MixedTargets, mixup_batch, rankmixup_loss, rankmixup_mrl_loss, regmixup_loss
 from ._reduce import REDUCTIONS, reduce_loss
 from ._regularized import dca_loss, logitnorm_loss, mbls_loss, mdca_loss
 
 __all__ = [
     "REDUCTIONS",
+    "MixedTargets",
     "ValidationBins",
     "adadual_focal_loss",
     "adafocal_gamma_update",
@@ -63,8 +65,12 @@ __all__ = [
     "logitnorm_loss",
     "mbls_loss",
     "mdca_loss",
+    "mixup_batch",
     "mmce_loss",
     "mmce_weighted",
+    "rankmixup_loss",
+    "rankmixup_mrl_loss",
     "reduce_loss",
+    "regmixup_loss",
     "validation_bins",
 ]

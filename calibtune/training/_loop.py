@@ -4,7 +4,8 @@ Pure PyTorch (no Ray): the trial adapter passes in the (possibly DDP-wrapped) mo
 a learning-rate function and an ``on_epoch_end`` callback that reports and checkpoints.
 
 Per epoch ``e`` (1-based):
-  1. train over the rank's batches of the global permutation for ``(seed, e)``;
+  1. train over the rank's batches of the global permutation for ``(seed, e)`` (a mixup-family
+     loss mixes each one first: its ``batch_transform``, see `_step`);
      an adaptive loss with integer ``update_every`` is updated after every ``update_every``
      batches from a fresh validation pass, after which the model goes back to ``train()``;
   2. one validation pass (cached logits) feeds both the epoch-end adaptive update
@@ -331,10 +332,20 @@ def _step(spec: LoopSpec, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
     """One optimizer step on the batch ``(x, y)`` (on ``spec.device``, no host read); returns
     its float32 logits and loss. A non-finite loss is found later, in `_Totals.check`; under
     DDP its NaN gradients reach every rank, so all ranks stop at the same epoch."""
-    logits = spec.precision.forward(spec.model, x)
-    loss = spec.loss_fn(logits, y)
+    inputs, targets = _batch_transform(spec.loss_fn, x, y)
+    logits = spec.precision.forward(spec.model, inputs)
+    loss = spec.loss_fn(logits, targets)
     spec.precision.step(loss, spec.optimizer, spec.model.parameters(), spec.grad_clip)
-    return logits, loss
+    return logits[: y.shape[0]], loss
+
+
+def _batch_transform(loss_fn: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Any]:
+    """The training batch the loss asks for: a mixup-family loss (issue 23) declares
+    ``batch_transform(x, y)``, which returns the clean rows first, then the mixed ones, and the
+    targets its ``forward`` takes; so `_step` hands the loop's accounting (train/error against
+    ``y``) the first B logits. Training batches only: evaluation never calls this."""
+    transform = getattr(loss_fn, "batch_transform", None)
+    return (x, y) if transform is None else transform(x, y)
 
 
 def _evaluate_epoch(
