@@ -21,6 +21,7 @@ process group is initialised, so the loop runs (and is tested) in a bare process
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -108,7 +109,9 @@ class DeviceBatches:
     (`calibtune.data.Splits.augment`), applied by ``batches(…, train=True)`` only. For uint8
     images the dataset's own ``batch_transform`` (on raw 0–255 pixels) plays that role. ``x`` is
     float32 (normalised), ``y`` int64, both on ``device``; augmentation draws from ``device``'s
-    global RNG.
+    global RNG. With ``mix`` set (a mixup-family loss's ``batch_transform``), each training batch
+    is mixed after augmentation and ``y`` is the loss's targets (their ``labels`` the clean
+    rows', which come first).
 
     >>> ds = torch.utils.data.TensorDataset(torch.arange(6.0).view(3, 2), torch.tensor([0, 1, 2]))
     >>> [y.tolist() for _, y in DeviceBatches(ds, torch.device("cpu")).batches(
@@ -131,6 +134,9 @@ class DeviceBatches:
         self._y: Tensor | None = None
         self._loader: DataLoader | None = None
         self._sampler = _Batches()
+        # ``(x, y) -> (inputs, targets)`` of training batches after augmentation: a mixup-family
+        # loss's ``batch_transform`` (the clean rows first; ``targets.labels`` are theirs)
+        self.mix: Callable[[Tensor, Tensor], tuple[Tensor, Any]] | None = None
         self.resident = self._source() is not None
 
     def __len__(self) -> int:
@@ -172,9 +178,12 @@ class DeviceBatches:
         for x, y in stream(index_batches, train):
             if train and self.augment is not None:
                 x = self.augment(x)
+            target: Any = y
+            if train and self.mix is not None:
+                x, target = self.mix(x, y)
             if self.channels_last and x.ndim == 4:
                 x = x.contiguous(memory_format=torch.channels_last)
-            yield x, y
+            yield x, target
 
     def _resident(
         self, index_batches: Sequence[Tensor], train: bool

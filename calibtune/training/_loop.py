@@ -4,8 +4,8 @@ Pure PyTorch (no Ray): the trial adapter passes in the (possibly DDP-wrapped) mo
 a learning-rate function and an ``on_epoch_end`` callback that reports and checkpoints.
 
 Per epoch ``e`` (1-based):
-  1. train over the rank's batches of the global permutation for ``(seed, e)`` (a mixup-family
-     loss mixes each one first: its ``batch_transform``, see `_step`);
+  1. train over the rank's batches of the global permutation for ``(seed, e)`` (for a
+     mixup-family loss `DeviceBatches` mixes each one with the loss's ``batch_transform``);
      an adaptive loss with integer ``update_every`` is updated after every ``update_every``
      batches from a fresh validation pass, after which the model goes back to ``train()``;
   2. one validation pass (cached logits) feeds both the epoch-end adaptive update
@@ -201,7 +201,10 @@ class _Sources:
             )
 
         test = None if spec.test_set is None else owner(spec.test_set)
-        return cls(owner(spec.train_set, spec.augment), owner(spec.val_set), test)
+        train = owner(spec.train_set, spec.augment)
+        # a mixup-family loss (issue 23) mixes each training batch: the owner applies it
+        train.mix = getattr(spec.loss_fn, "batch_transform", None)
+        return cls(train, owner(spec.val_set), test)
 
 
 def train_epochs(
@@ -316,7 +319,8 @@ def _train_epoch(
     for step, (x, y) in enumerate(sources.train.batches(batches, train=True), start=1):
         progress.step = step
         logits, loss = _step(spec, x, y)
-        totals.add(step, loss, logits, y)
+        clean = getattr(y, "labels", y)  # mixed batches: the clean rows come first
+        totals.add(step, loss, logits[: clean.shape[0]], clean)
         if isinstance(every, int) and step % every == 0:
             totals.check(epoch, lr, spec.world)  # never bin a diverged model's validation
             v_logits, v_labels = infer(sources.val)
@@ -328,24 +332,15 @@ def _train_epoch(
     return sums, updates
 
 
-def _step(spec: LoopSpec, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+def _step(spec: LoopSpec, x: Tensor, y: Any) -> tuple[Tensor, Tensor]:
     """One optimizer step on the batch ``(x, y)`` (on ``spec.device``, no host read); returns
     its float32 logits and loss. A non-finite loss is found later, in `_Totals.check`; under
-    DDP its NaN gradients reach every rank, so all ranks stop at the same epoch."""
-    inputs, targets = _batch_transform(spec.loss_fn, x, y)
-    logits = spec.precision.forward(spec.model, inputs)
-    loss = spec.loss_fn(logits, targets)
+    DDP its NaN gradients reach every rank, so all ranks stop at the same epoch. ``y``: labels,
+    or a mixup-family loss's targets (`DeviceBatches` mixed the batch)."""
+    logits = spec.precision.forward(spec.model, x)
+    loss = spec.loss_fn(logits, y)
     spec.precision.step(loss, spec.optimizer, spec.model.parameters(), spec.grad_clip)
-    return logits[: y.shape[0]], loss
-
-
-def _batch_transform(loss_fn: nn.Module, x: Tensor, y: Tensor) -> tuple[Tensor, Any]:
-    """The training batch the loss asks for: a mixup-family loss (issue 23) declares
-    ``batch_transform(x, y)``, which returns the clean rows first, then the mixed ones, and the
-    targets its ``forward`` takes; so `_step` hands the loop's accounting (train/error against
-    ``y``) the first B logits. Training batches only: evaluation never calls this."""
-    transform = getattr(loss_fn, "batch_transform", None)
-    return (x, y) if transform is None else transform(x, y)
+    return logits, loss
 
 
 def _evaluate_epoch(
