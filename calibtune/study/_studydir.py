@@ -184,9 +184,11 @@ class StudyDir:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the study's lock for the block; `StudyLockedError` if a live driver holds it.
-        A folder this call created and nothing else wrote to is removed again on the way out
-        (a study refused before it started leaves nothing behind)."""
-        created = not self.path.exists()
+        The folders this call created (the study's, and its storage's if new) are removed again
+        on the way out while nothing else was written to them (a study refused before it
+        started leaves nothing behind, not even an empty ``runs/studies``)."""
+        made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        created = bool(made)
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -203,7 +205,9 @@ class StudyDir:
         finally:
             if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
                 (self.path / LOCK_FILE).unlink()
-                self.path.rmdir()
+                for folder in made:  # deepest first; one another process uses stays
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
             os.close(fd)  # closing the descriptor releases the flock
 
     def _held_by(self, fd: int) -> str:
