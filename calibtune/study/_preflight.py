@@ -246,11 +246,13 @@ def _check_http(uri: str, key: str, timeout: float = HTTP_TIMEOUT_S) -> None:
     status = _http_status(f"{base}/health", timeout)
     if status == 200:
         return
-    if isinstance(status, str):
+    if status == "timed out":
         raise ValueError(
             f"{key}: expected a reachable MLflow server, got no answer from {uri} within "
-            f"{timeout:g} s ({status})"
+            f"{timeout:g} s"
         )
+    if isinstance(status, str):  # refused, unknown host...: said at once, not after a wait
+        raise ValueError(f"{key}: expected a reachable MLflow server at {uri}, got {status}")
     left = max(deadline - time.monotonic(), 0.5)
     api = _http_status(f"{base}/api/2.0/mlflow/experiments/search?max_results=1", left)
     if api in (200, 401, 403):  # MLflow, perhaps with authentication

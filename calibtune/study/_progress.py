@@ -26,6 +26,7 @@ from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     PARENT,
+    TAG_ERROR,
     TAG_STATUS,
     TAG_TRIAL,
     close_run,
@@ -276,9 +277,11 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
             self.failed += 1
-            reason = _trial_error(trial)
             child = _child(payload, trial.trial_id)
-            if child is not None and child.data.tags.get(TAG_STATUS) == "running":
+            tags = child.data.tags if child is not None else {}
+            # the trial's own record first: what `compare` shows (Tune's copy may be unread yet)
+            reason = tags.get(TAG_ERROR) or _trial_error(trial)
+            if child is not None and tags.get(TAG_STATUS) == "running":
                 _record_failure(payload.tracking_uri, child.info.run_id, reason)
             self._line(trials, trial, f"failed: {reason}")
             summarize(trial, True)

@@ -125,13 +125,10 @@ class StudyDir:
         if (p / STATE_FILE).is_file():
             p = p.resolve()
             return cls(p.parent, p.name)
-        sd = cls.at(str(ref), storage) if "/" not in str(ref) else None
+        path_like = "/" in str(ref) or p.is_file()
+        sd = None if path_like else cls.at(str(ref), storage)
         if sd is None or not sd.state_file.is_file():
-            where = sd.root if sd is not None else p
-            raise StudyDirError(
-                f"{ref}: expected a study that has run (its folder with {STATE_FILE}, or a study "
-                f"name under {where}), found none; run it first with `calibtune run STUDY.yaml`"
-            )
+            raise StudyDirError(_no_study(str(ref), p, sd))
         return sd
 
     @property
@@ -247,6 +244,23 @@ class StudyDir:
                     "corrupt file (was the disk full?); this study cannot be resumed completely "
                     "(its finished trials stay in MLflow): free space and run it under a new name"
                 ) from None
+
+
+def _no_study(ref: str, p: Path, sd: StudyDir | None) -> str:
+    """Why ``ref`` names no study that has run: what it is instead, and what would."""
+    expected = f"{ref}: expected a study folder (holding {STATE_FILE}) or a study name"
+    if sd is not None:  # a name
+        return (
+            f"{expected}, found no study {ref!r} under {sd.root}; run it first with "
+            "`calibtune run STUDY.yaml`, or pass --storage"
+        )
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        return f"{expected}, got a file; `calibtune run {ref}` continues the study it describes"
+    if p.is_file():
+        return f"{expected}, got a file"
+    if p.is_dir():
+        return f"{expected}, got a folder without {STATE_FILE}"
+    return f"{expected}, found nothing at that path"
 
 
 def _is_tuner_pickle(path: Path) -> bool:

@@ -16,11 +16,12 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ TAG_HASH = "calibtune.file_hash"
 TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
 TAG_FIGURES = "calibtune.figures_pending"  # study name: its driver renders this run's figures
 TAG_ARTIFACTS = "calibtune.artifacts_dir"  # where the trial wrote its artifacts (its machine)
+TAG_REUSED = "calibtune.reused_from"  # the Tune trial whose result a same-config trial reused
 PARENT = "mlflow.parentRunId"
 
 
@@ -123,12 +125,14 @@ def store_created_meanwhile(uri: str) -> Any:
     new = db.with_name(f".{db.name}.{os.getpid()}.new")
 
     def create() -> None:
-        with contextlib.suppress(Exception):
+        try:
             engine = sqlalchemy.create_engine(f"sqlite:///{new}")
             try:
                 _initialize_tables(engine)
             finally:
                 engine.dispose()  # no connection left open on the file
+        except Exception:  # e.g. a full disk: a half-made store is never moved into place
+            new.unlink(missing_ok=True)
 
     thread = threading.Thread(target=create, name="calibtune-store")
     thread.start()
@@ -142,6 +146,47 @@ def store_created_meanwhile(uri: str) -> Any:
     with contextlib.suppress(OSError):  # e.g. a database appeared meanwhile: that one stays
         os.link(new, db)
     new.unlink(missing_ok=True)
+
+
+class StoreFullError(ValueError):
+    """The MLflow store's disk (or database) is full: one line naming the store."""
+
+
+FULL = "database or disk is full"  # SQLite's SQLITE_FULL, as sqlite3 and SQLAlchemy say it
+
+
+@contextlib.contextmanager
+def store_full_errors(uri: str) -> Iterator[None]:
+    """Turn an SQLite store's "database or disk is full" (raised with the SQL that failed, e.g.
+    ``[SQL: CREATE TABLE alembic_version …]``, wherever MLflow met it) into one line that names
+    the store's path and the space left beside it. A store file the block began is removed:
+    MLflow would take a half-made one for an old schema next time."""
+    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    new = db is not None and not db.exists()
+    try:
+        yield
+    except Exception as exc:
+        if db is None or not _chain_says(exc, FULL):
+            raise
+        if new:
+            for f in (db, db.with_name(db.name + "-journal")):
+                f.unlink(missing_ok=True)
+        folder = next((p for p in (db.parent, *db.parents) if p.is_dir()), Path("/"))
+        free = shutil.disk_usage(folder).free / 2**20
+        raise StoreFullError(
+            f"MLflow store {db}: expected room to write, got {FULL!r} ({free:.1f} MiB free on "
+            f"{folder}); free space there, then run again"
+        ) from None
+
+
+def _chain_says(exc: BaseException | None, text: str) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if text in str(exc):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -213,6 +258,15 @@ def log_missing(uri: str, run_id: str, metrics: Mapping[str, Any], step: int = 0
     again (a trial restarted after it had logged them) adds nothing."""
     have = set(_client(uri).get_run(run_id).data.metrics)
     log_metrics(uri, run_id, {k: v for k, v in metrics.items() if K.to_mlflow(k) not in have}, step)
+
+
+def set_tag(uri: str, run_id: str, key: str, value: str) -> None:
+    _client(uri).set_tag(run_id, key, value)
+
+
+def run_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """A run's latest value of each metric, under MLflow's names."""
+    return dict(_client(uri).get_run(run_id).data.metrics)
 
 
 def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

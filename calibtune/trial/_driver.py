@@ -55,6 +55,7 @@ __all__ = [
     "check_resources",
     "local_machine",
     "run",
+    "saved_result",
 ]
 
 
@@ -244,6 +245,15 @@ def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
         resumed_from_epoch=saved["resumed_from_epoch"],
         wall_time_s=saved["wall_time_s"],
     )
+
+
+def saved_result(
+    cfg: TrialConfig, storage_path: str | os.PathLike[str], name: str
+) -> TrialResult | None:
+    """The saved result of trial ``name`` under ``storage_path`` if it finished with ``cfg``
+    (names aside), else None: a study's trial reuses it instead of training the same again."""
+    twin, storage = _absolute(cfg.replace(name=name), os.fspath(storage_path))
+    return finished_result(twin, safe_join(storage, check_name(name, "name")))
 
 
 # Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO
