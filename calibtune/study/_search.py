@@ -38,10 +38,12 @@ from calibtune.study._tracking import (
     log_metrics,
     open_study_run,
     resolve_tracking_uri,
+    retries_note,
     run_metrics,
     store_created_meanwhile,
     store_full_errors,
     versions,
+    watch_retries,
 )
 from calibtune.study._trainable import StudyPayload, make_trainable
 
@@ -242,6 +244,8 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
     t0 = time.time()
+    retries_note(sd.path, payload.tracking_uri, 0)  # forget an earlier session's
+    watch_retries(sd.path)  # one line at the end, not urllib3's warning per retried request
     with _graceful_signals() as caught:
         try:
             results = tuner.fit()
@@ -264,8 +268,9 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         optuna_storage_url(study, sd),
         ended=ended,
     )
-    if warning:
-        print(warning, flush=True)
+    for note in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
+        if note:
+            print(note, flush=True)
     finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
         study.name,

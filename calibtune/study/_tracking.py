@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
@@ -187,6 +188,59 @@ def _chain_says(exc: BaseException | None, text: str) -> bool:
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+#: in the study folder: when each MLflow request of the study's processes was retried
+RETRIES_FILE = ".mlflow_retries"
+_WATCHED: set[str] = set()  # the files this process records retries in
+
+
+class _RetryRecord(logging.Filter):
+    """Appends the time of every request urllib3 retries (MLflow's HTTP client: the server did
+    not answer) to ``path``; ``quiet`` drops urllib3's own warning (one per retry)."""
+
+    def __init__(self, path: str, quiet: bool) -> None:
+        super().__init__()
+        self.path, self.quiet = path, quiet
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Retrying"):
+            return True
+        with contextlib.suppress(OSError), open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
+        return not self.quiet
+
+
+def watch_retries(folder: str | Path, quiet: bool = True) -> None:
+    """Record this process's retried MLflow requests in ``folder``/`RETRIES_FILE` (once per
+    process and folder), for `retries_note`."""
+    path = str(Path(folder) / RETRIES_FILE)
+    if path not in _WATCHED:
+        _WATCHED.add(path)
+        logging.getLogger("urllib3.connectionpool").addFilter(_RetryRecord(path, quiet))
+
+
+def retries_note(folder: str | Path, uri: str, failed: int) -> str | None:
+    """One line when requests to the MLflow server ``uri`` were retried since the last call
+    (the file is then cleared): when, and what it cost (``failed``: trials that failed)."""
+    path = Path(folder) / RETRIES_FILE
+    try:
+        stamps = [float(x) for x in path.read_text(encoding="utf-8").split()]
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if not stamps:
+        return None
+    first, last = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (min(stamps), max(stamps)))
+    cost = (
+        "every request went through once it answered again: nothing was lost"
+        if not failed
+        else f"see the {failed} failed trials' reasons (`calibtune resume` reruns them)"
+    )
+    return (
+        f"[calibtune] the MLflow server at {uri} did not answer for a while ({len(stamps)} "
+        f"requests retried, {first} to {last}); {cost}"
+    )
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -410,7 +464,8 @@ class MlflowTrialCallback:
     checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
     an older checkpoint); `on_trial_end` logs only final metrics not there yet. With
     ``figures_for`` (a study's name) the trial leaves its figures to that study's driver
-    (`defers_figures`; `render_deferred_figures`).
+    (`defers_figures`; `render_deferred_figures`); with ``retries_to`` (a study folder) the
+    process it logs from records its retried requests there (`watch_retries`).
     Picklable (it travels to the Ray Train worker); the client is created on use.
 
     ``background=True`` (what a study uses) sends each epoch's batch from a thread while the next
@@ -427,8 +482,10 @@ class MlflowTrialCallback:
         log_bins: bool = False,
         background: bool = False,
         figures_for: str | None = None,
+        retries_to: str | None = None,
     ) -> None:
         self.uri = uri
+        self.retries_to = retries_to  # the study folder its retried requests are recorded in
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self.background = background
@@ -460,6 +517,8 @@ class MlflowTrialCallback:
             raise err
 
     def _send(self, flat: dict[str, float], epoch: int) -> None:
+        if getattr(self, "retries_to", None):  # on the rank that logs (a Train worker's too)
+            watch_retries(self.retries_to)  # type: ignore[arg-type]
         self.flush()
         if not self.background:
             log_metrics(self.uri, self.run_id, flat, step=epoch)

@@ -37,6 +37,7 @@ from calibtune.study._tracking import (
     MlflowTrialCallback,
     log_missing,
     set_tag,
+    watch_retries,
 )
 
 # Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
@@ -184,6 +185,7 @@ def _seed_run(
             # the driver draws them after Tune has the result (`render_deferred_figures`;
             # it looks for them when the study's own trial config draws figures)
             figures_for=study.name if cfg.eval.figures and draws else None,
+            retries_to=str(Path(payload.trials_dir).parent),
         )
         twin = finished_twin(payload.trials_dir, cfg, name)
         if twin is not None:
@@ -256,6 +258,7 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     from ray import tune
 
     failpoint("trial_start")
+    watch_retries(Path(payload.trials_dir).parent)  # the study folder: the driver tells of them
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
     label = config["loss"]
