@@ -78,6 +78,8 @@ def test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals(
     sdir = tmp_path / "studies" / "twice"
     trained_folders = [p.parent.name for p in sdir.glob("trials/*/result.json")]
     assert trained_folders == [f"{first.data.tags['calibtune.trial_id']}-seed1"]  # trained once
+    said = f"same config as trial {first.data.tags['calibtune.trial_id']}: its result reused"
+    assert sum(said in line for line in run.stdout.splitlines()) == 1, run.stdout
 
     import optuna  # told to Optuna with the same value
 

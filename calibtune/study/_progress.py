@@ -34,7 +34,7 @@ from calibtune.study._tracking import (
     render_deferred_figures,
 )
 from calibtune.study._tracking import record_failure as _record_failure
-from calibtune.study._trainable import StudyPayload, failure_reason
+from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
 
 # Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
@@ -272,7 +272,9 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
                 pick = min if objective.mode == "min" else max
                 self.best = float(value) if self.best is None else pick(self.best, float(value))
             shown = "n/a" if value is None else f"{value:.4f}"
-            self._line(trials, trial, f"done: {objective.metric}={shown}")
+            twin = result.get(REUSED_KEY)
+            done = f"done (same config as trial {twin}: its result reused)" if twin else "done"
+            self._line(trials, trial, f"{done}: {objective.metric}={shown}")
             summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]

@@ -54,6 +54,9 @@ __all__ = [
     "trial_dict",
 ]
 
+#: in a trial's last report to Tune: the trial whose result it reused (`finished_twin`)
+REUSED_KEY = "calibtune/reused_from"
+
 # A Tune trial that only drives Ray Train workers holds no CPU (the workers need them) but a
 # bundle may not be empty: it asks for 1 MiB of Ray's "memory" resource, which every node has.
 DRIVER_RESOURCES = {"cpu": 0.0, "memory": float(1024**2)}
@@ -287,8 +290,17 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         epochs = int(results[0].history[-1]["epoch"])
         log_missing(payload.tracking_uri, child.run_id, last, step=epochs)  # type: ignore[arg-type]
         log_missing(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
+    twin = _reused_from(results, trial_id)
+    if twin is not None and len(results) > 1:  # every seed's: the trial's run says so too
+        set_tag(payload.tracking_uri, child.run_id, TAG_REUSED, twin)  # type: ignore[arg-type]
     child.close("finished")
-    tune.report({**last, **final, "calibtune/done": 1.0})
+    tune.report({**last, **final, "calibtune/done": 1.0, **({REUSED_KEY: twin} if twin else {})})
+
+
+def _reused_from(results: list[Any], trial_id: str) -> str | None:
+    """The one other trial whose results these all are (`finished_twin`), else None."""
+    sources = {r.trial_dir.name.rsplit("-seed", 1)[0] for r in results}
+    return sources.pop() if len(sources) == 1 and trial_id not in sources else None
 
 
 def _scalar(v: Any) -> bool:
