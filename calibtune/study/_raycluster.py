@@ -81,8 +81,8 @@ def check_trials_fit(
         try:
             check_resources(cfg, available, where)
         except ValueError as exc:
-            corner = f" (a trial with {corner})" if corner else ""
-            raise ValueError(f"{prefix}{exc}{hint}{corner}") from None
+            which = f" (a trial with {corner})" if corner else ""
+            raise ValueError(f"{prefix}{exc}{hint}{which}") from None
 
 
 def check_cluster(study: Any) -> None:

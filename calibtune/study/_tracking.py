@@ -485,11 +485,11 @@ class MlflowTrialCallback:
         retries_to: str | None = None,
     ) -> None:
         self.uri = uri
-        self.retries_to = retries_to  # the study folder its retried requests are recorded in
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self.background = background
         self.figures_for = figures_for  # the study whose driver renders the figures
+        self.retries_to = retries_to  # the study folder its retried requests are recorded in
         self._logged: set[int] | None = None
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -517,8 +517,8 @@ class MlflowTrialCallback:
             raise err
 
     def _send(self, flat: dict[str, float], epoch: int) -> None:
-        if getattr(self, "retries_to", None):  # on the rank that logs (a Train worker's too)
-            watch_retries(self.retries_to)  # type: ignore[arg-type]
+        if self.retries_to:  # in the process that logs (a Train worker's too)
+            watch_retries(self.retries_to)
         self.flush()
         if not self.background:
             log_metrics(self.uri, self.run_id, flat, step=epoch)
