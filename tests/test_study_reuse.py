@@ -37,27 +37,32 @@ def _calibtune(tmp: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.timeout(300)
-def test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals(tmp_path):
+def _write_study(tmp: Path, name: str, seeds: list[int]) -> None:
     raw = {
-        "name": "twice",
+        "name": name,
         "trial": {
             "data": {"name": "digits", "ood": []},
             "model": {"name": "mlp"},
             "train": {"epochs": 1, "batch_size": 64},
             "eval": {"posthoc": ["ts"], "figures": False},
         },
-        "losses": ["cross_entropy"],
+        "losses": ["cross_entropy"],  # no hyperparameters: every trial is the same config
         "search": {
             "sampler": "random",
             "num_samples": 2,
             "max_concurrent": 1,
             "objectives": ["val/ece"],
+            "seeds": seeds,
         },
-        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "experiment": "twice"},
-        "storage": str(tmp_path / "studies"),
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
+        "storage": str(tmp / "studies"),
     }
-    (tmp_path / "twice.yaml").write_text(yaml.safe_dump(raw))
+    (tmp / f"{name}.yaml").write_text(yaml.safe_dump(raw))
+
+
+@pytest.mark.timeout(300)
+def test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals(tmp_path):
+    _write_study(tmp_path, "twice", [1])
     run = _calibtune(tmp_path, "run", "twice.yaml")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 
@@ -97,3 +102,28 @@ def test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals(
     session = after["study/session_wall_time_s"]
     assert after["study/wall_time_s"] == pytest.approx(total + session)  # the total is kept
     assert after["study/sessions"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_with_several_seeds_each_seed_run_and_the_trial_run_say_they_reused(tmp_path):
+    _write_study(tmp_path, "seeds", [1, 2])
+    run = _calibtune(tmp_path, "run", "seeds.yaml")
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("seeds")
+    trials = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
+    (first,) = [t for t in trials if "calibtune.reused_from" not in t.data.tags]
+    (second,) = [t for t in trials if "calibtune.reused_from" in t.data.tags]
+    first_id = first.data.tags["calibtune.trial_id"]
+    assert second.data.tags["calibtune.reused_from"] == first_id
+    seed_runs = client.search_runs(
+        [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{second.info.run_id}'"
+    )
+    assert sorted(r.data.params["seed"] for r in seed_runs) == ["1", "2"]
+    assert {r.data.tags.get("calibtune.reused_from") for r in seed_runs} == {first_id}
+    assert second.data.metrics["test/ece"] == first.data.metrics["test/ece"]  # the seed mean
+    assert second.data.metrics["test/ece_std"] == first.data.metrics["test/ece_std"]
+    folders = sorted(
+        p.parent.name for p in (tmp_path / "studies").glob("seeds/trials/*/result.json")
+    )
+    assert folders == [f"{first_id}-seed1", f"{first_id}-seed2"]  # each seed trained once
