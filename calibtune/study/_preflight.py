@@ -246,7 +246,7 @@ def _check_http(uri: str, key: str, timeout: float = HTTP_TIMEOUT_S) -> None:
     status = _http_status(f"{base}/health", timeout)
     if status == 200:
         return
-    if status == "timed out":
+    if isinstance(status, str) and "timed out" in status:
         raise ValueError(
             f"{key}: expected a reachable MLflow server, got no answer from {uri} within "
             f"{timeout:g} s"
