@@ -131,3 +131,23 @@ def test_a_fitting_study_passes_the_machine_check() -> None:
     check_machine(study, None)  # one CPU per trial: every machine has it
     gpu = dataclasses.replace(study, trial={"scaling": {"use_gpu": True}})
     check_machine(gpu, "ray://head:10001")  # a cluster is asked once connected, not here
+
+
+def test_resume_refuses_what_this_machine_cannot_hold_before_ray_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A study folder (state and study copy as `run` writes them) whose trials need more CPUs
+    than this machine has: `resume` says so in one line and changes nothing there."""
+    from calibtune.cli import main
+    from calibtune.study import load_study
+    from calibtune.study._studydir import StudyDir, StudyState
+
+    study = load_study(_study(tmp_path, {"num_workers": MANY}))
+    sd = StudyDir.at(study.name, tmp_path / "studies")
+    sd.write_study(study)
+    sd.write_state(StudyState(f"sqlite:///{tmp_path / 'mlflow.db'}", "1", "run", None))
+    before = sorted(p.name for p in sd.path.iterdir())
+    assert main(["resume", str(sd.path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"needs {MANY} CPU" in err[0], err
+    assert sorted(p.name for p in sd.path.iterdir()) == before
