@@ -311,6 +311,13 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         r"got a file; `calibtune run .*/s\.yaml` continues the study it describes",
     ),
     (
+        "resume-a-study-file-here",
+        ["resume", "s.yaml"],
+        {},
+        r"^calibtune resume: error: s\.yaml: expected a study folder .* got a file; "
+        r"`calibtune run s\.yaml` continues",
+    ),
+    (
         "resume-corrupt-state",
         ["resume", "{work}/corrupt"],
         {},

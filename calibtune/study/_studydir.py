@@ -125,11 +125,16 @@ class StudyDir:
         if (p / STATE_FILE).is_file():
             p = p.resolve()
             return cls(p.parent, p.name)
-        path_like = "/" in str(ref) or p.is_file()
-        sd = None if path_like else cls.at(str(ref), storage)
-        if sd is None or not sd.state_file.is_file():
-            raise StudyDirError(_no_study(str(ref), p, sd))
-        return sd
+        sd = None
+        if "/" not in str(ref):  # a study name, unless it is no valid one and a path is
+            try:
+                sd = cls.at(str(ref), storage)
+            except StudyDirError:
+                if not p.exists():
+                    raise
+            if sd is not None and sd.state_file.is_file():
+                return sd
+        raise StudyDirError(_no_study(str(ref), p, sd))
 
     @property
     def path(self) -> Path:
@@ -249,17 +254,17 @@ class StudyDir:
 def _no_study(ref: str, p: Path, sd: StudyDir | None) -> str:
     """Why ``ref`` names no study that has run: what it is instead, and what would."""
     expected = f"{ref}: expected a study folder (holding {STATE_FILE}) or a study name"
-    if sd is not None:  # a name
-        return (
-            f"{expected}, found no study {ref!r} under {sd.root}; run it first with "
-            "`calibtune run STUDY.yaml`, or pass --storage"
-        )
     if p.is_file() and p.suffix in (".yaml", ".yml"):
         return f"{expected}, got a file; `calibtune run {ref}` continues the study it describes"
     if p.is_file():
         return f"{expected}, got a file"
     if p.is_dir():
         return f"{expected}, got a folder without {STATE_FILE}"
+    if sd is not None:
+        return (
+            f"{expected}, found no study {ref!r} under {sd.root}; run it first with "
+            "`calibtune run STUDY.yaml`, or pass --storage"
+        )
     return f"{expected}, found nothing at that path"
 
 
