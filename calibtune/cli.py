@@ -163,7 +163,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     _warn_version_drift(args.config)
     # workers on a local Ray: their output (Ray Train's lines, worker prefixes) stays in Ray's
     # logs unless --verbose; the epoch lines are relayed (on a cluster they come prefixed)
-    relay = bool(cfg.scaling.num_workers) and not args.verbose and "RAY_ADDRESS" not in os.environ
+    local_ray = "RAY_ADDRESS" not in os.environ
+    if cfg.scaling.num_workers and local_ray:  # refused before a local Ray starts
+        from calibtune.trial import check_resources, local_machine
+
+        have, where = local_machine()
+        try:
+            check_resources(cfg, have, where)
+        except ValueError as e:
+            raise UsageError(f"{args.config}: {e}, or set RAY_ADDRESS to a cluster's") from None
+    relay = bool(cfg.scaling.num_workers) and not args.verbose and local_ray
     if relay:
         init_ray(None, verbose=False)
     try:

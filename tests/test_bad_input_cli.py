@@ -151,8 +151,9 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "run-uri-unreachable",
         ["run", "s.yaml", "--tracking-uri", "http://127.0.0.1:{closed}"],
         {},
-        r"--tracking-uri: expected a reachable MLflow server, got no answer from "
-        r"http://127\.0\.0\.1:\d+ within 10 s",
+        # refused at once: said so, not "no answer within 10 s"
+        r"--tracking-uri: expected a reachable MLflow server at http://127\.0\.0\.1:\d+, got "
+        r"connection refused$",
     ),
     (
         "run-uri-under-file",
@@ -292,7 +293,29 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "resume-missing",
         ["resume", "nope"],
         {},
-        r"nope: expected a study that has run \(its folder with calibtune_study\.json",
+        r"nope: expected a study folder \(holding calibtune_study\.json\) or a study name, "
+        r"found no study 'nope' under .*/runs/studies; run it first",
+    ),
+    (  # a folder, not "a study name under /etc"
+        "resume-a-folder",
+        ["resume", "/etc"],
+        {},
+        r"/etc: expected a study folder \(holding calibtune_study\.json\) or a study name, got "
+        r"a folder without calibtune_study\.json$",
+    ),
+    (
+        "resume-a-study-file",
+        ["resume", "{work}/s.yaml"],
+        {},
+        r"s\.yaml: expected a study folder \(holding calibtune_study\.json\) or a study name, "
+        r"got a file; `calibtune run .*/s\.yaml` continues the study it describes",
+    ),
+    (
+        "resume-a-study-file-here",
+        ["resume", "s.yaml"],
+        {},
+        r"^calibtune resume: error: s\.yaml: expected a study folder .* got a file; "
+        r"`calibtune run s\.yaml` continues",
     ),
     (
         "resume-corrupt-state",
@@ -330,7 +353,7 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
         "compare-unknown-study",
         ["compare", "nope"],
         {},
-        r"nope: expected a study that has run",
+        r"nope: expected a study folder \(holding calibtune_study\.json\) or a study name",
     ),
     (
         "compare-uri-scheme",
@@ -551,8 +574,8 @@ def _calibtune(
             "http://127.0.0.1:9",
             12,
             10,
-            r"--tracking-uri: expected a reachable MLflow server, got no answer from "
-            r"http://127\.0\.0\.1:9 within 10 s",
+            r"--tracking-uri: expected a reachable MLflow server at http://127\.0\.0\.1:9, got "
+            r"connection refused",
         ),
     ],
 )

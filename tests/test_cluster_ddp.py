@@ -205,6 +205,12 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     scaling = {"placement_strategy": "STRICT_SPREAD", "max_failures": 1}
     # 5 epochs: the kill after epoch 2 lands mid-training even on an idle machine
     study = _study(tmp_path, "ddp_spread", epochs=5, scaling=scaling, batch=8)
+    # the same config twice would reuse the first result (no config is trained twice): the two
+    # differ in a key that changes no number (cross_entropy has no adaptive bins to log)
+    raw = yaml.safe_load(study.read_text())
+    raw["space"] = {"eval.log_adaptive_bins": {"type": "categorical", "choices": [False, True]}}
+    raw["search"]["sampler"] = "grid"
+    study.write_text(yaml.safe_dump(raw, sort_keys=False))
     proc = _run(cluster, tmp_path, study)
     # epoch 2 logged: epoch 1's checkpoint was reported (an epoch is logged before its report)
     first = _wait_for_epoch(tmp_path, proc, epoch=2)

@@ -111,3 +111,26 @@ def test_run_refuses_strict_spread_on_one_node_before_starting(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"STRICT_SPREAD expected 2 nodes with CPU 1 each, got 1"):
         run(cfg)
     assert not (tmp_path / "trial").exists()  # nothing written
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("ray_session")
+def test_a_study_too_big_for_the_connected_cluster_writes_nothing(tmp_path: Path) -> None:
+    """With an address the cluster is asked once connected (here: the session's 2-CPU Ray, which
+    `init_ray` reuses); the refusal leaves no storage folder, study folder or MLflow store."""
+    import yaml
+
+    from calibtune.study import load_study, run_study
+
+    raw = {
+        "name": "too_big",
+        "trial": {"data": {"name": "digits", "ood": []}, "train": {"epochs": 1}},
+        "losses": ["cross_entropy"],
+        "space": {"scaling.num_workers": {"type": "int", "low": 0, "high": 64}},
+        "tracking": {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}"},
+        "storage": str(tmp_path / "runs" / "studies"),
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ValueError, match=r"needs 64 CPU .*space scaling\.num_workers=64"):
+        run_study(load_study(tmp_path / "s.yaml"), address="auto", verbose=0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.yaml"]

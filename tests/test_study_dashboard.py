@@ -304,7 +304,9 @@ def test_dashboard_cli_refuses_a_study_without_optuna_storage_in_one_line(tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected the study's Optuna storage sqlite:///" in err[0], err
     assert main(["dashboard", "no_such_study", "--storage", str(tmp_path)]) == 2
-    assert "expected a study that has run" in capsys.readouterr().err
+    assert "expected a study folder (holding calibtune_study.json) or a study name" in (
+        capsys.readouterr().err
+    )
 
 
 @pytest.mark.timeout(180)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -130,10 +131,17 @@ def test_one_shipped_config_per_loss_family() -> None:
 def test_check_resources_fails_fast_with_the_numbers() -> None:
     cfg = config_from_dict({"scaling": {"num_workers": 3, "resources_per_worker": {"CPU": 1}}})
     with pytest.raises(
-        ValueError, match=r"needs 3 CPU \(3 workers × 1\) but the Ray cluster has 2"
+        ValueError, match=r"fits the 2 CPU of the Ray cluster, got one that needs 3 CPU \(3 wor"
     ):
         check_resources(cfg, {"CPU": 2.0})
     gpu = config_from_dict({"scaling": {"num_workers": 1, "use_gpu": True}})
-    with pytest.raises(ValueError, match=r"needs 1 GPU .* has 0"):
+    with pytest.raises(ValueError, match=r"^scaling\.use_gpu: expected a visible GPU on the Ray"):
         check_resources(gpu, {"CPU": 2.0})
+    with pytest.raises(ValueError, match=r"fits the 1 GPU .* needs 2 GPU \(2 workers × 1\)"):
+        check_resources(gpu.replace(scaling=dataclasses.replace(gpu.scaling, num_workers=2)),
+                        {"CPU": 2.0, "GPU": 1.0})  # fmt: skip
+    packed = config_from_dict({"scaling": {"resources_per_worker": {"GPU": 0.25}}})
+    with pytest.raises(ValueError, match=r"^scaling\.resources_per_worker\.GPU: expected a vis"):
+        check_resources(packed, {"CPU": 2.0})  # local mode: a quarter GPU is still a GPU
+    check_resources(packed, {"CPU": 1.0, "GPU": 1.0})
     check_resources(cfg, {"CPU": 4.0})  # fits: no error

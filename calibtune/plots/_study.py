@@ -97,7 +97,8 @@ def plot_metric_vs_params(
         if labels is not None:
             ax.set_xticks(range(len(labels)), labels, rotation=30, fontsize=7)
             longest = max([longest, *map(len, labels)])
-    axes[0][0].legend(fontsize=7)
+    if params:  # else nothing is drawn, and an empty legend warns on the study's terminal
+        axes[0][0].legend(fontsize=7)
     # 7 pt labels at 30°: about 0.05 in per character, half of it vertical
     margins(fig, left=0.6, bottom=0.3 + 0.03 * longest, top=0.3, wspace=0.3)
     return fig

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from calibtune.study._spaces import (
     Space,
     SpaceError,
     build_distribution,
+    extremes,
     load_yaml,
     parse_loss_space,
 )
@@ -132,6 +134,22 @@ class StudyConfig:
         from calibtune.trial import config_from_dict
 
         return config_from_dict({**self.trial, "loss": {"name": "cross_entropy"}})
+
+    def scaling_configs(self) -> list[tuple[str, Any]]:
+        """The base trial config at every corner of the searched ``scaling.*`` keys (each
+        choice of a categorical, both ends of a range), as ``(which corner, config)``: the
+        most a trial of this study may ask of Ray (``("", base_config())`` when none is
+        searched). Used to refuse, before a trial starts, a study some trial cannot run in."""
+        from calibtune.trial import apply_overrides, config_from_dict
+
+        keys = sorted(k for k in self.space.dists if k.startswith("scaling."))
+        base = {**self.trial, "loss": {"name": "cross_entropy"}}
+        out = []
+        for combo in itertools.product(*(extremes(self.space.dists[k]) for k in keys)):
+            sets = [f"{k}={json.dumps(v)}" for k, v in zip(keys, combo, strict=True)]
+            label = f"space {', '.join(sets)}" if sets else ""
+            out.append((label, config_from_dict(apply_overrides(base, sets))))
+        return out
 
     def loss(self, label: str) -> LossChoice:
         for c in self.losses:
@@ -369,8 +387,7 @@ def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
             dist = build_distribution(spec, where)
         except SpaceError as exc:
             raise StudyError(str(exc)) from None
-        ends = dist.choices if isinstance(dist, CategoricalDistribution) else (dist.low, dist.high)
-        for v in ends:
+        for v in extremes(dist):
             try:
                 config_from_dict(apply_overrides(base_trial, [f"{key}={json.dumps(v)}"]))
             except ValueError as exc:

@@ -68,12 +68,15 @@ def quiet_output() -> None:
     token-auth notice (Ray logs it when RAY_AUTH_MODE is unset; the mode itself is unchanged),
     no INFO lines from Ray, MLflow (store migrations; MLflow re-applies its level on import, so
     also ``MLFLOW_LOGGING_LEVEL``, which Ray's local workers inherit) or Optuna (study
-    created)."""
+    created), and no "Failed to fetch metrics" from Tune's analysis of a restored study (it
+    reads Tune's own result files of trials that never started; the study's results are
+    MLflow's)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name, level in (
         ("ray._private.authentication.authentication_token_setup", logging.ERROR),
         ("ray", logging.WARNING),
+        ("ray.tune.analysis.experiment_analysis", logging.ERROR),
         ("mlflow", logging.WARNING),
         ("optuna", logging.WARNING),
     ):

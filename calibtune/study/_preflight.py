@@ -21,6 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from calibtune.study._raycluster import check_trials_fit
 from calibtune.study._studydir import StudyDir, StudyDirError, default_storage
 from calibtune.study._tracking import resolve_tracking_uri
 
@@ -30,6 +31,7 @@ from calibtune.study._tracking import resolve_tracking_uri
 __all__ = [
     "check_address",
     "check_dir",
+    "check_machine",
     "check_out_file",
     "check_storage",
     "check_tracking_uri",
@@ -244,11 +246,13 @@ def _check_http(uri: str, key: str, timeout: float = HTTP_TIMEOUT_S) -> None:
     status = _http_status(f"{base}/health", timeout)
     if status == 200:
         return
-    if isinstance(status, str):
+    if isinstance(status, str) and "timed out" in status:
         raise ValueError(
             f"{key}: expected a reachable MLflow server, got no answer from {uri} within "
-            f"{timeout:g} s ({status})"
+            f"{timeout:g} s"
         )
+    if isinstance(status, str):  # refused, unknown host...: said at once, not after a wait
+        raise ValueError(f"{key}: expected a reachable MLflow server at {uri}, got {status}")
     left = max(deadline - time.monotonic(), 0.5)
     api = _http_status(f"{base}/api/2.0/mlflow/experiments/search?max_results=1", left)
     if api in (200, 401, 403):  # MLflow, perhaps with authentication
@@ -325,6 +329,21 @@ def check_tracking_uri(uri: str, key: str, must_exist: bool = False) -> None:
         check_dir(folder, key, min_free=0 if must_exist else None)
 
 
+# ------------------------------------------------------------------------- resources
+
+
+def check_machine(study: Any, address: str | None) -> None:
+    """For a local Ray (no ``address``): every trial of the study fits this machine's CPUs and
+    GPUs (`calibtune.trial.local_machine`), known before Ray starts. A cluster's resources are
+    checked once connected (`calibtune.study._raycluster.check_cluster`)."""
+    if address and address != "local":
+        return
+    from calibtune.trial import local_machine
+
+    have, where = local_machine()
+    check_trials_fit(study, have, where, ", or pass --address of a cluster")
+
+
 # ------------------------------------------------------------------------- per command
 
 
@@ -336,9 +355,15 @@ def _study_key(study: Any, key: str) -> str:
 def preflight_run(
     study: Any, *, address: str | None, tracking_uri: str | None, storage: str | None
 ) -> None:
-    """Every check of `calibtune run` that needs neither Ray nor a write: the storage folder,
-    the tracking store, the Ray address (in that order: the slow network checks last)."""
+    """Every check of `calibtune run` that needs neither Ray nor a write: the local machine's
+    resources, the storage folder, the tracking store, the Ray address (in that order: the slow
+    network checks last)."""
+    check_machine(study, address)
+    _check_stores(study, tracking_uri=tracking_uri, storage=storage)
+    check_address(address)
 
+
+def _check_stores(study: Any, *, tracking_uri: str | None, storage: str | None) -> None:
     if storage:
         check_storage(storage, "--storage")
     elif study.storage:
@@ -352,13 +377,13 @@ def preflight_run(
     else:
         key = "tracking.uri (default ./mlflow.db)"
     check_tracking_uri(resolve_tracking_uri(tracking_uri or study.tracking.uri), key)
-    check_address(address)
 
 
 def preflight_submit(study: Any, *, tracking_uri: str | None, storage: str | None) -> None:
     """`calibtune submit`: the storage and tracking store the job will use (paths shared with
-    the cluster are visible here too); the dashboard address is checked with the job client."""
-    preflight_run(study, address=None, tracking_uri=tracking_uri, storage=storage)
+    the cluster are visible here too); the dashboard address is checked with the job client,
+    the cluster's resources by the job once it runs there."""
+    _check_stores(study, tracking_uri=tracking_uri, storage=storage)
 
 
 def preflight_resume(study: str | Path, *, address: str | None, storage: str | None) -> None:
@@ -372,6 +397,7 @@ def preflight_resume(study: str | Path, *, address: str | None, storage: str | N
         check_address(address)
         return
     check_storage(sd.path, "--storage" if storage else "storage")
+    check_machine(sd.read_study(), address)
     state = sd.read_state()
     check_tracking_uri(state.tracking_uri, f"{sd.state_file}: tracking_uri")
     check_address(address)

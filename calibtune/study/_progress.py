@@ -26,6 +26,7 @@ from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     PARENT,
+    TAG_ERROR,
     TAG_STATUS,
     TAG_TRIAL,
     close_run,
@@ -33,7 +34,7 @@ from calibtune.study._tracking import (
     render_deferred_figures,
 )
 from calibtune.study._tracking import record_failure as _record_failure
-from calibtune.study._trainable import StudyPayload, failure_reason
+from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
 
 # Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
@@ -179,6 +180,23 @@ def _trial_error(trial: Any) -> str:
     return failure_reason(err) if err is not None else "the trial's process failed (no details)"
 
 
+def _failure(payload: StudyPayload, trial: Any) -> str:
+    """A failed trial's reason: the one its run records (what `compare` shows; Tune's copy of
+    the error may not be readable yet), else Tune's; its run is closed as failed if the trial
+    could not do it (its process died)."""
+    child = _child(payload, trial.trial_id)
+    tags = child.data.tags if child is not None else {}
+    reason = tags.get(TAG_ERROR) or _trial_error(trial)
+    if child is not None and tags.get(TAG_STATUS) == "running":
+        _record_failure(payload.tracking_uri, child.info.run_id, reason)
+    return reason
+
+
+def _done(result: dict) -> str:
+    twin = result.get(REUSED_KEY)
+    return f"done (same config as trial {twin}: its result reused)" if twin else "done"
+
+
 def study_callbacks(
     study: StudyConfig, payload: StudyPayload, storage: Path, optuna_storage: str | None = None
 ) -> list[Any]:
@@ -271,16 +289,12 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
                 pick = min if objective.mode == "min" else max
                 self.best = float(value) if self.best is None else pick(self.best, float(value))
             shown = "n/a" if value is None else f"{value:.4f}"
-            self._line(trials, trial, f"done: {objective.metric}={shown}")
+            self._line(trials, trial, f"{_done(result)}: {objective.metric}={shown}")
             summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
             self.failed += 1
-            reason = _trial_error(trial)
-            child = _child(payload, trial.trial_id)
-            if child is not None and child.data.tags.get(TAG_STATUS) == "running":
-                _record_failure(payload.tracking_uri, child.info.run_id, reason)
-            self._line(trials, trial, f"failed: {reason}")
+            self._line(trials, trial, f"failed: {_failure(payload, trial)}")
             summarize(trial, True)
 
         def _line(self, trials: list[Any], trial: Any, what: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from calibtune._raysettings import apply_train_env, train_runtime_env
@@ -15,7 +16,7 @@ from calibtune.study._display import quiet_output
 # Lazy: Ray and `calibtune.trial` (torch) are imported when a study starts Ray, so that the CLI
 # can import this module for its job client without them (bench/bench_cli.py).
 
-__all__ = ["check_cluster", "client_token_auth", "init_ray"]
+__all__ = ["check_cluster", "check_trials_fit", "client_token_auth", "init_ray"]
 
 
 def client_token_auth() -> None:
@@ -67,13 +68,30 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     )
 
 
+def check_trials_fit(
+    study: Any, available: Mapping[str, float], where: str, hint: str = ""
+) -> None:
+    """Fail in one line (ending with ``hint``) when some trial of the study
+    (`StudyConfig.scaling_configs`: its searched scaling keys at their worst) cannot fit
+    ``available`` (Ray would wait forever)."""
+    from calibtune.trial import check_resources
+
+    prefix = f"{study.path}: trial." if study.path else "trial."
+    for corner, cfg in study.scaling_configs():
+        try:
+            check_resources(cfg, available, where)
+        except ValueError as exc:
+            which = f" (a trial with {corner})" if corner else ""
+            raise ValueError(f"{prefix}{exc}{hint}{which}") from None
+
+
 def check_cluster(study: Any) -> None:
-    """Fail fast when the cluster cannot hold one trial (Ray would wait forever instead)."""
+    """Fail fast when the connected cluster cannot hold one trial (Ray would wait forever)."""
     import ray
 
-    from calibtune.trial import check_placement_on_cluster, check_resources
+    from calibtune.trial import check_placement_on_cluster
 
-    cfg = study.base_config()
-    check_resources(cfg, ray.cluster_resources())
-    if cfg.scaling.num_workers:  # STRICT_* strategies need nodes that fit (Ray would wait)
-        check_placement_on_cluster(cfg.scaling)
+    check_trials_fit(study, ray.cluster_resources(), "the Ray cluster")
+    for _, cfg in study.scaling_configs():
+        if cfg.scaling.num_workers:  # STRICT_* strategies need nodes that fit (Ray would wait)
+            check_placement_on_cluster(cfg.scaling)

@@ -38,8 +38,12 @@ from calibtune.study._tracking import (
     log_metrics,
     open_study_run,
     resolve_tracking_uri,
+    retries_note,
+    run_metrics,
     store_created_meanwhile,
+    store_full_errors,
     versions,
+    watch_retries,
 )
 from calibtune.study._trainable import StudyPayload, make_trainable
 
@@ -81,15 +85,16 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
     existing = sd.read_state() if sd.state_file.is_file() else None
     artifacts = [Path(study.path)] if study.path else []
     artifacts += sorted({Path(c.loss.path) for c in study.losses if c.loss.path})
-    parent = open_study_run(
-        uri,
-        study.experiment,
-        study.name,
-        tags={TAG_HASH: study.file_hash, "calibtune.git_sha": git_sha()}
-        | {f"version.{k}": v for k, v in versions().items()},
-        artifacts=artifacts,
-        existing_run_id=existing.parent_run_id if existing else None,
-    )
+    with store_full_errors(uri):  # a new store's tables are made here
+        parent = open_study_run(
+            uri,
+            study.experiment,
+            study.name,
+            tags={TAG_HASH: study.file_hash, "calibtune.git_sha": git_sha()}
+            | {f"version.{k}": v for k, v in versions().items()},
+            artifacts=artifacts,
+            existing_run_id=existing.parent_run_id if existing else None,
+        )
     study_path = str(Path(study.path).resolve()) if study.path else None
     if existing is not None and study_path is None:
         study_path = existing.study_path
@@ -239,6 +244,8 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
     t0 = time.time()
+    retries_note(sd.path, payload.tracking_uri, 0)  # forget an earlier session's
+    watch_retries(sd.path)  # one line at the end, not urllib3's warning per retried request
     with _graceful_signals() as caught:
         try:
             results = tuner.fit()
@@ -249,12 +256,9 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     stopped_by = caught.get("signal") or guard_message(sd.path)
     counts = _counts(payload, study)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
-    log_metrics(
-        payload.tracking_uri,
-        payload.parent_run_id,
-        {f"study/trials_{k}": v for k, v in counts.items()}
-        | {"study/wall_time_s": time.time() - t0},
-    )
+    totals = {f"study/trials_{k}": v for k, v in counts.items()}
+    totals |= _wall_times(payload, time.time() - t0)
+    log_metrics(payload.tracking_uri, payload.parent_run_id, totals)
     ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
     warning = refresh_summary(
         study,
@@ -264,8 +268,9 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         optuna_storage_url(study, sd),
         ended=ended,
     )
-    if warning:
-        print(warning, flush=True)
+    for note in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
+        if note:
+            print(note, flush=True)
     finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
         study.name,
@@ -277,6 +282,18 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         counts,
         stopped_by,
     )
+
+
+def _wall_times(payload: StudyPayload, took: float) -> dict[str, float]:
+    """``study/wall_time_s``: the driver's time over every session of the study (a resume adds
+    its own to the total, never replaces it: resuming a finished study takes a second);
+    ``study/session_wall_time_s``: this session's; ``study/sessions``: how many there were."""
+    before = run_metrics(payload.tracking_uri, payload.parent_run_id)
+    return {
+        "study/wall_time_s": before.get("study/wall_time_s", 0.0) + took,
+        "study/session_wall_time_s": took,
+        "study/sessions": before.get("study/sessions", 0.0) + 1,
+    }
 
 
 def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:

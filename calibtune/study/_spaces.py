@@ -154,6 +154,14 @@ def decode(value: Any) -> Any:
     return value
 
 
+def extremes(dist: BaseDistribution) -> tuple[Any, ...]:
+    """A distribution's edges: every choice of a categorical (decoded), else ``low`` and
+    ``high``. A space's checks at its edges hold inside it wherever the rule is monotone."""
+    if isinstance(dist, CategoricalDistribution):
+        return tuple(decode(c) for c in dist.choices)
+    return (dist.low, dist.high)  # type: ignore[attr-defined]
+
+
 def parse_param_space(raw: Any, params: Mapping[str, Param], where: str, owner: str) -> Space:
     """Validate a mapping ``name -> constant | spec`` against declared ``params``."""
     if raw is None:

@@ -125,14 +125,16 @@ class StudyDir:
         if (p / STATE_FILE).is_file():
             p = p.resolve()
             return cls(p.parent, p.name)
-        sd = cls.at(str(ref), storage) if "/" not in str(ref) else None
-        if sd is None or not sd.state_file.is_file():
-            where = sd.root if sd is not None else p
-            raise StudyDirError(
-                f"{ref}: expected a study that has run (its folder with {STATE_FILE}, or a study "
-                f"name under {where}), found none; run it first with `calibtune run STUDY.yaml`"
-            )
-        return sd
+        sd = None
+        if "/" not in str(ref):  # a study name, unless it is no valid one and a path is
+            try:
+                sd = cls.at(str(ref), storage)
+            except StudyDirError:
+                if not p.exists():
+                    raise
+            if sd is not None and sd.state_file.is_file():
+                return sd
+        raise StudyDirError(_no_study(str(ref), p, sd))
 
     @property
     def path(self) -> Path:
@@ -184,9 +186,11 @@ class StudyDir:
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
         """Hold the study's lock for the block; `StudyLockedError` if a live driver holds it.
-        A folder this call created and nothing else wrote to is removed again on the way out
-        (a study refused before it started leaves nothing behind)."""
-        created = not self.path.exists()
+        The folders this call created (the study's, and its storage's if new) are removed again
+        on the way out while nothing else was written to them (a study refused before it
+        started leaves nothing behind, not even an empty ``runs/studies``)."""
+        made = [p for p in (self.path, *self.path.parents) if not p.exists()]
+        created = bool(made)
         self.path.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -203,7 +207,9 @@ class StudyDir:
         finally:
             if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
                 (self.path / LOCK_FILE).unlink()
-                self.path.rmdir()
+                for folder in made:  # deepest first; one another process uses stays
+                    with contextlib.suppress(OSError):
+                        folder.rmdir()
             os.close(fd)  # closing the descriptor releases the flock
 
     def _held_by(self, fd: int) -> str:
@@ -243,6 +249,23 @@ class StudyDir:
                     "corrupt file (was the disk full?); this study cannot be resumed completely "
                     "(its finished trials stay in MLflow): free space and run it under a new name"
                 ) from None
+
+
+def _no_study(ref: str, p: Path, sd: StudyDir | None) -> str:
+    """Why ``ref`` names no study that has run: what it is instead, and what would."""
+    expected = f"{ref}: expected a study folder (holding {STATE_FILE}) or a study name"
+    if p.is_file() and p.suffix in (".yaml", ".yml"):
+        return f"{expected}, got a file; `calibtune run {ref}` continues the study it describes"
+    if p.is_file():
+        return f"{expected}, got a file"
+    if p.is_dir():
+        return f"{expected}, got a folder without {STATE_FILE}"
+    if sd is not None:
+        return (
+            f"{expected}, found no study {ref!r} under {sd.root}; run it first with "
+            "`calibtune run STUDY.yaml`, or pass --storage"
+        )
+    return f"{expected}, found nothing at that path"
 
 
 def _is_tuner_pickle(path: Path) -> bool:

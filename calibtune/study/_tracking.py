@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
 TAG_SELECTED_EPOCH = "calibtune.selected_epoch"  # the epoch the final evaluation used
 TAG_FIGURES = "calibtune.figures_pending"  # study name: its driver renders this run's figures
 TAG_ARTIFACTS = "calibtune.artifacts_dir"  # where the trial wrote its artifacts (its machine)
+TAG_REUSED = "calibtune.reused_from"  # the Tune trial whose result a same-config trial reused
 PARENT = "mlflow.parentRunId"
 
 
@@ -124,12 +127,14 @@ def store_created_meanwhile(uri: str) -> Any:
     new = db.with_name(f".{db.name}.{os.getpid()}.new")
 
     def create() -> None:
-        with contextlib.suppress(Exception):
+        try:
             engine = sqlalchemy.create_engine(f"sqlite:///{new}")
             try:
                 _initialize_tables(engine)
             finally:
                 engine.dispose()  # no connection left open on the file
+        except Exception:  # e.g. a full disk: a half-made store is never moved into place
+            new.unlink(missing_ok=True)
 
     thread = threading.Thread(target=create, name="calibtune-store")
     thread.start()
@@ -143,6 +148,100 @@ def store_created_meanwhile(uri: str) -> Any:
     with contextlib.suppress(OSError):  # e.g. a database appeared meanwhile: that one stays
         os.link(new, db)
     new.unlink(missing_ok=True)
+
+
+class StoreFullError(ValueError):
+    """The MLflow store's disk (or database) is full: one line naming the store."""
+
+
+FULL = "database or disk is full"  # SQLite's SQLITE_FULL, as sqlite3 and SQLAlchemy say it
+
+
+@contextlib.contextmanager
+def store_full_errors(uri: str) -> Iterator[None]:
+    """Turn an SQLite store's "database or disk is full" (raised with the SQL that failed, e.g.
+    ``[SQL: CREATE TABLE alembic_version …]``, wherever MLflow met it) into one line that names
+    the store's path and the space left beside it. A store file the block began is removed:
+    MLflow would take a half-made one for an old schema next time."""
+    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
+    new = db is not None and not db.exists()
+    try:
+        yield
+    except Exception as exc:
+        if db is None or not _chain_says(exc, FULL):
+            raise
+        if new:
+            for f in (db, db.with_name(db.name + "-journal")):
+                f.unlink(missing_ok=True)
+        folder = next((p for p in (db.parent, *db.parents) if p.is_dir()), Path("/"))
+        free = shutil.disk_usage(folder).free / 2**20
+        raise StoreFullError(
+            f"MLflow store {db}: expected room to write, got {FULL!r} ({free:.1f} MiB free on "
+            f"{folder}); free space there, then run again"
+        ) from None
+
+
+def _chain_says(exc: BaseException | None, text: str) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if text in str(exc):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+#: in the study folder: when each MLflow request of the study's processes was retried
+RETRIES_FILE = ".mlflow_retries"
+_WATCHED: set[str] = set()  # the files this process records retries in
+
+
+class _RetryRecord(logging.Filter):
+    """Appends the time of every request urllib3 retries (MLflow's HTTP client: the server did
+    not answer) to ``path``; ``quiet`` drops urllib3's own warning (one per retry)."""
+
+    def __init__(self, path: str, quiet: bool) -> None:
+        super().__init__()
+        self.path, self.quiet = path, quiet
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Retrying"):
+            return True
+        with contextlib.suppress(OSError), open(self.path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
+        return not self.quiet
+
+
+def watch_retries(folder: str | Path, quiet: bool = True) -> None:
+    """Record this process's retried MLflow requests in ``folder``/`RETRIES_FILE` (once per
+    process and folder), for `retries_note`."""
+    path = str(Path(folder) / RETRIES_FILE)
+    if path not in _WATCHED:
+        _WATCHED.add(path)
+        logging.getLogger("urllib3.connectionpool").addFilter(_RetryRecord(path, quiet))
+
+
+def retries_note(folder: str | Path, uri: str, failed: int) -> str | None:
+    """One line when requests to the MLflow server ``uri`` were retried since the last call
+    (the file is then cleared): when, and what it cost (``failed``: trials that failed)."""
+    path = Path(folder) / RETRIES_FILE
+    try:
+        stamps = [float(x) for x in path.read_text(encoding="utf-8").split()]
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if not stamps:
+        return None
+    first, last = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (min(stamps), max(stamps)))
+    cost = (
+        "every request went through once it answered again: nothing was lost"
+        if not failed
+        else f"see the {failed} failed trials' reasons (`calibtune resume` reruns them)"
+    )
+    return (
+        f"[calibtune] the MLflow server at {uri} did not answer for a while ({len(stamps)} "
+        f"requests retried, {first} to {last}); {cost}"
+    )
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -214,6 +313,15 @@ def log_missing(uri: str, run_id: str, metrics: Mapping[str, Any], step: int = 0
     again (a trial restarted after it had logged them) adds nothing."""
     have = set(_client(uri).get_run(run_id).data.metrics)
     log_metrics(uri, run_id, {k: v for k, v in metrics.items() if K.to_mlflow(k) not in have}, step)
+
+
+def set_tag(uri: str, run_id: str, key: str, value: str) -> None:
+    _client(uri).set_tag(run_id, key, value)
+
+
+def run_metrics(uri: str, run_id: str) -> dict[str, float]:
+    """A run's latest value of each metric, under MLflow's names."""
+    return dict(_client(uri).get_run(run_id).data.metrics)
 
 
 def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -357,7 +465,8 @@ class MlflowTrialCallback:
     checkpoint and the log); `on_epoch` skips epochs already logged (re-run after a restore from
     an older checkpoint); `on_trial_end` logs only final metrics not there yet. With
     ``figures_for`` (a study's name) the trial leaves its figures to that study's driver
-    (`defers_figures`; `render_deferred_figures`).
+    (`defers_figures`; `render_deferred_figures`); with ``retries_to`` (a study folder) the
+    process it logs from records its retried requests there (`watch_retries`).
     Picklable (it travels to the Ray Train worker); the client is created on use.
 
     ``background=True`` (what a study uses) sends each epoch's batch from a thread while the next
@@ -374,12 +483,14 @@ class MlflowTrialCallback:
         log_bins: bool = False,
         background: bool = False,
         figures_for: str | None = None,
+        retries_to: str | None = None,
     ) -> None:
         self.uri = uri
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self.background = background
         self.figures_for = figures_for  # the study whose driver renders the figures
+        self.retries_to = retries_to  # the study folder its retried requests are recorded in
         self._logged: set[int] | None = None
         self._pending: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -407,6 +518,8 @@ class MlflowTrialCallback:
             raise err
 
     def _send(self, flat: dict[str, float], epoch: int) -> None:
+        if self.retries_to:  # in the process that logs (a Train worker's too)
+            watch_retries(self.retries_to)
         self.flush()
         if not self.background:
             log_metrics(self.uri, self.run_id, flat, step=epoch)

@@ -6,28 +6,56 @@ A trial that fails is a result too: its run is marked failed with the reason (ta
 A trial restored after an interruption reopens the same run (found by its Tune trial id) and the
 trial engine resumes from the trial's checkpoint; a trial that had already finished returns its
 saved result without training or evaluating again.
+
+No configuration is trained twice in a study: a seed run whose resolved trial config and seed
+equal a finished one's (`finished_twin`; e.g. the sampler proposed ``cross_entropy``, which has
+no hyperparameters, again) reuses that result. Its run gets the twin's epochs, metrics and
+artifacts and the tag ``calibtune.reused_from``, and Tune (so Optuna) gets the same values.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import math
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from calibtune._failpoints import failpoint
+from calibtune._io import atomic_write
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
 from calibtune.study._spaces import decode
-from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_missing
+from calibtune.study._tracking import (
+    TAG_LOSS,
+    TAG_REUSED,
+    ChildRun,
+    MlflowTrialCallback,
+    log_missing,
+    set_tag,
+    watch_retries,
+)
 
 # Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) loads neither.
 
-__all__ = ["StudyPayload", "aggregate", "failure_reason", "hyperparameters", "trial_dict"]
+__all__ = [
+    "StudyPayload",
+    "aggregate",
+    "config_key",
+    "failure_reason",
+    "finished_twin",
+    "hyperparameters",
+    "remember_config",
+    "trial_dict",
+]
+
+#: in a trial's last report to Tune: the trial whose result it reused (`finished_twin`)
+REUSED_KEY = "calibtune/reused_from"
 
 # A Tune trial that only drives Ray Train workers holds no CPU (the workers need them) but a
 # bundle may not be empty: it asks for 1 MiB of Ray's "memory" resource, which every node has.
@@ -133,7 +161,7 @@ def _seed_run(
     child: ChildRun,
     trial_id: str,
     seed: int,
-) -> dict[str, float]:
+) -> Any:
     from calibtune import trial as T
 
     study = payload.study
@@ -152,21 +180,22 @@ def _seed_run(
     try:
         cfg = T.config_from_dict(trial_dict(study, config, seed, name))
         draws = study.base_config().eval.figures
-        res = T.run(
-            cfg,
-            callbacks=[
-                MlflowTrialCallback(
-                    payload.tracking_uri,
-                    run_id,  # type: ignore[arg-type]
-                    cfg.eval.log_adaptive_bins,
-                    background=True,
-                    # the driver draws them after Tune has the result (`render_deferred_figures`;
-                    # it looks for them when the study's own trial config draws figures)
-                    figures_for=study.name if cfg.eval.figures and draws else None,
-                )
-            ],
-            storage_path=payload.trials_dir,
+        logger = MlflowTrialCallback(
+            payload.tracking_uri,
+            run_id,  # type: ignore[arg-type]
+            cfg.eval.log_adaptive_bins,
+            background=True,
+            # the driver draws them after Tune has the result (`render_deferred_figures`;
+            # it looks for them when the study's own trial config draws figures)
+            figures_for=study.name if cfg.eval.figures and draws else None,
+            retries_to=str(Path(payload.trials_dir).parent),
         )
+        twin = finished_twin(payload.trials_dir, cfg, name)
+        if twin is not None:
+            res = _reuse(payload, run_id, logger, *twin)  # type: ignore[arg-type]
+        else:
+            res = T.run(cfg, callbacks=[logger], storage_path=payload.trials_dir)
+            remember_config(payload.trials_dir, cfg, name)
     except BaseException as exc:
         if seed_run is not None:
             seed_run.fail(failure_reason(exc), traceback.format_exc())
@@ -176,12 +205,63 @@ def _seed_run(
     return res
 
 
+# ----------------------------------------------------------------------------- reuse
+
+#: ``<trials>/.configs/<config key>`` names the trial folder that trained that config first
+CONFIGS_DIR = ".configs"
+
+
+def config_key(cfg: Any) -> str:
+    """What makes two seed runs of a study the same training: the resolved trial config, seed
+    included, its name left out (sha256 of its canonical JSON)."""
+    from calibtune.trial import config_to_dict
+
+    d = config_to_dict(cfg)
+    d.pop("name", None)
+    text = json.dumps(d, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def finished_twin(trials_dir: str, cfg: Any, name: str) -> tuple[str, Any] | None:
+    """Another finished seed run of the study that trained exactly ``cfg`` (the trial folder's
+    name and its saved `TrialResult`), else None (also for ``name`` itself: a restored trial's
+    own result is the trial engine's to return)."""
+    from calibtune.trial import saved_result
+
+    try:
+        twin = (Path(trials_dir) / CONFIGS_DIR / config_key(cfg)).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if twin == name or not twin:
+        return None
+    result = saved_result(cfg, trials_dir, twin)  # checks the saved config, not just the key
+    return None if result is None else (twin, result)
+
+
+def remember_config(trials_dir: str, cfg: Any, name: str) -> None:
+    """Record that seed run ``name`` finished training ``cfg`` (the first to do so stays)."""
+    marker = Path(trials_dir) / CONFIGS_DIR / config_key(cfg)
+    if not marker.exists():
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(marker, name)
+
+
+def _reuse(payload: StudyPayload, run_id: str, logger: Any, twin: str, result: Any) -> Any:
+    """Log a finished twin's epochs, final metrics and artifacts to this trial's run, tagged
+    `TAG_REUSED` with the twin's Tune trial id, instead of training the same config again."""
+    set_tag(payload.tracking_uri, run_id, TAG_REUSED, twin.rsplit("-seed", 1)[0])
+    logger.on_start(result.history)
+    logger.on_trial_end(result.metrics, result.artifacts_dir)
+    return result
+
+
 def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     """Tune function trainable: one sampled config, trained once per seed via the trial engine."""
     import ray
     from ray import tune
 
     failpoint("trial_start")
+    watch_retries(Path(payload.trials_dir).parent)  # the study folder: the driver tells of them
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
     label = config["loss"]
@@ -210,8 +290,17 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         epochs = int(results[0].history[-1]["epoch"])
         log_missing(payload.tracking_uri, child.run_id, last, step=epochs)  # type: ignore[arg-type]
         log_missing(payload.tracking_uri, child.run_id, final)  # type: ignore[arg-type]
+    twin = _reused_from(results, trial_id)
+    if twin is not None and len(results) > 1:  # every seed's: the trial's run says so too
+        set_tag(payload.tracking_uri, child.run_id, TAG_REUSED, twin)  # type: ignore[arg-type]
     child.close("finished")
-    tune.report({**last, **final, "calibtune/done": 1.0})
+    tune.report({**last, **final, "calibtune/done": 1.0, **({REUSED_KEY: twin} if twin else {})})
+
+
+def _reused_from(results: list[Any], trial_id: str) -> str | None:
+    """The one other trial whose results these all are (`finished_twin`), else None."""
+    sources = {r.trial_dir.name.rsplit("-seed", 1)[0] for r in results}
+    return sources.pop() if len(sources) == 1 and trial_id not in sources else None
 
 
 def _scalar(v: Any) -> bool:

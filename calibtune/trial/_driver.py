@@ -43,7 +43,7 @@ from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
 from calibtune.trial._errors import TrialStepError
 from calibtune.trial._metrics import shift_sets
-from calibtune.trial._placement import check_placement_on_cluster
+from calibtune.trial._placement import check_placement_on_cluster, worker_bundle
 from calibtune.trial._worker import train_loop_per_worker
 
 # Lazy: Ray (`ray.train`, Tune's session and report callback) only where a trial is launched,
@@ -55,7 +55,9 @@ __all__ = [
     "TrialResult",
     "check_data_files",
     "check_resources",
+    "local_machine",
     "run",
+    "saved_result",
 ]
 
 
@@ -101,26 +103,42 @@ class TrialResult:
 # ----------------------------------------------------------------------------- driver side
 
 
-def check_resources(cfg: TrialConfig, available: Mapping[str, float]) -> None:
-    """Fail fast when the cluster cannot hold the trial (Ray would wait forever instead)."""
+def local_machine() -> tuple[dict[str, float], str]:
+    """What a local Ray started here would hold, known before starting it, and how to name it
+    in an error: every CPU (`os.cpu_count`, as `calibtune.study._raycluster.init_ray` sizes
+    it) and every GPU this process may use (`torch.cuda.device_count` honours
+    ``CUDA_VISIBLE_DEVICES``)."""
+    have = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    hidden = "" if visible is None or have["GPU"] else f"; CUDA_VISIBLE_DEVICES={visible!r}"
+    return have, f"this machine (a local Ray{hidden})"
+
+
+def check_resources(
+    cfg: TrialConfig, available: Mapping[str, float], where: str = "the Ray cluster"
+) -> None:
+    """Fail fast when ``available`` (a Ray cluster's resources, or `local_machine`'s before a
+    local Ray starts) cannot hold the trial: Ray would wait forever instead. The trial takes
+    `worker_bundle` once per worker, or once in local mode (its own process)."""
     s = cfg.scaling
-    if s.num_workers == 0:
-        if s.use_gpu and not torch.cuda.is_available():
-            raise ValueError("scaling.use_gpu: expected a visible GPU for local mode, got none")
-        return
-    per = dict(s.resources_per_worker)
-    per.setdefault("CPU", 1.0)
-    if s.use_gpu:
-        per.setdefault("GPU", 1.0)
-    for res, amount in per.items():
-        need = amount * s.num_workers
-        have = float(available.get(res, 0.0))
-        if need > have + 1e-9:
+    n = max(s.num_workers, 1)
+    for res, amount in sorted(worker_bundle(s).items()):
+        need, have = amount * n, float(available.get(res, 0.0))
+        if amount <= 0 or need <= have + 1e-9:
+            continue
+        if res == "GPU" and have == 0:
+            key = "resources_per_worker.GPU" if "GPU" in s.resources_per_worker else "use_gpu"
             raise ValueError(
-                f"scaling: the trial needs {need:g} {res} ({s.num_workers} workers × {amount:g}) "
-                f"but the Ray cluster has {have:g}; lower scaling.num_workers or "
-                f"scaling.resources_per_worker, or set scaling.use_gpu=false"
+                f"scaling.{key}: expected a visible GPU on {where}, found none; set "
+                "scaling.use_gpu: false, or run where there is one"
             )
+        workers = f"{s.num_workers} workers × {amount:g}" if s.num_workers else "local mode"
+        gpu = ", or set scaling.use_gpu: false" if res == "GPU" else ""
+        raise ValueError(
+            f"scaling: expected a trial that fits the {have:g} {res} of {where}, got one that "
+            f"needs {need:g} {res} ({workers}); lower scaling.num_workers or "
+            f"scaling.resources_per_worker{gpu}"
+        )
 
 
 def _absolute(cfg: TrialConfig, storage_path: str | None) -> tuple[TrialConfig, Path]:
@@ -175,8 +193,8 @@ def run(
             from ray.tune.integration.ray_train import TuneReportCallback
 
             run_callbacks.append(TuneReportCallback())
-    else:
-        check_resources(cfg, {})
+    elif worker_bundle(cfg.scaling).get("GPU", 0.0) > 0 and not torch.cuda.is_available():
+        raise ValueError("scaling.use_gpu: expected a visible GPU for local mode, got none")
     check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
     check_same_trial(cfg, trial_dir)
@@ -229,6 +247,15 @@ def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
         resumed_from_epoch=saved["resumed_from_epoch"],
         wall_time_s=saved["wall_time_s"],
     )
+
+
+def saved_result(
+    cfg: TrialConfig, storage_path: str | os.PathLike[str], name: str
+) -> TrialResult | None:
+    """The saved result of trial ``name`` under ``storage_path`` if it finished with ``cfg``
+    (names aside), else None: a study's trial reuses it instead of training the same again."""
+    twin, storage = _absolute(cfg.replace(name=name), os.fspath(storage_path))
+    return finished_result(twin, safe_join(storage, check_name(name, "name")))
 
 
 # Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO

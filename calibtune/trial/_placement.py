@@ -31,11 +31,21 @@ __all__ = [
     "check_placement",
     "check_placement_on_cluster",
     "record_placement",
+    "worker_bundle",
     "worker_nodes_tag",
 ]
 
 WORKERS_FILE = "workers.json"
 TAG_WORKER_NODES = "calibtune.worker_nodes"  # the ranks' Ray node ids, in rank order, ","-joined
+
+
+def worker_bundle(scaling: Any) -> dict[str, float]:
+    """One worker's Ray resources (in local mode, the trial's own process): ``CPU`` 1 and, with
+    ``use_gpu``, ``GPU`` 1, each replaced by ``resources_per_worker`` where it names them (a
+    fractional ``GPU`` too: GPU packing)."""
+    bundle = {"CPU": 1.0, **({"GPU": 1.0} if scaling.use_gpu else {})}
+    bundle.update(scaling.resources_per_worker)
+    return bundle
 
 
 def check_placement(
@@ -73,12 +83,10 @@ def check_placement(
 
 def check_placement_on_cluster(scaling: Any) -> None:
     """`check_placement` for a trial's ``scaling`` config against the connected Ray cluster
-    (the worker bundle as `calibtune.trial.check_resources` counts it: ``CPU`` 1 unless given,
-    ``GPU`` 1 with ``use_gpu``)."""
+    (each worker's `worker_bundle`)."""
     import ray
 
-    bundle = {"CPU": 1.0, **({"GPU": 1.0} if scaling.use_gpu else {})}
-    bundle.update(scaling.resources_per_worker)
+    bundle = worker_bundle(scaling)
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
     check_placement(scaling.placement_strategy, scaling.num_workers, bundle, nodes)
 
