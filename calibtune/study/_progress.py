@@ -26,11 +26,13 @@ from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     PARENT,
+    TAG_ERROR,
     TAG_STATUS,
     TAG_TRIAL,
     close_run,
     find_runs,
     render_deferred_figures,
+    reopen_interrupted,
 )
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import StudyPayload, failure_reason
@@ -186,7 +188,7 @@ def study_callbacks(
     parent run's summary refreshed when a trial ends), the storage guard, and the live status
     line (their classes are built on call: importing this module does not import Ray)."""
     return [
-        _progress(study, payload, optuna_storage),
+        _progress(study, payload, optuna_storage, storage),
         _storage_guard(storage),
         live_display(study),
     ]
@@ -226,7 +228,26 @@ def _refresher(
     return figures, refresh
 
 
-def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
+def _interrupted_by_full_disk(
+    payload: StudyPayload, storage: Path, child: Any | None, reason: str
+) -> bool:
+    """Whether a trial failed because the storage filled up (its reason, the one its run
+    recorded, or an ENOSPC the driver saw): then its run is reopened for `resume` and the
+    study stops (`calibtune.study._diskfull`)."""
+    from calibtune.study._diskfull import disk_full_text, request_stop, storage_full
+
+    recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
+    if not (disk_full_text(reason) or disk_full_text(recorded) or storage_full(storage)):
+        return False
+    if child is not None:
+        reopen_interrupted(payload.tracking_uri, child.info.run_id)
+    request_stop(storage)
+    return True
+
+
+def _progress(
+    study: StudyConfig, payload: StudyPayload, optuna_storage: str | None, storage: Path
+) -> Any:
     from ray.tune import Callback
 
     figures, refresh = _refresher(study, payload, optuna_storage)
@@ -275,9 +296,12 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
-            self.failed += 1
             reason = _trial_error(trial)
             child = _child(payload, trial.trial_id)
+            if _interrupted_by_full_disk(payload, storage, child, reason):
+                self._line(trials, trial, "interrupted: its storage is full (resumed later)")
+                return  # neither failed in MLflow nor told to Optuna: `resume` finishes it
+            self.failed += 1
             if child is not None and child.data.tags.get(TAG_STATUS) == "running":
                 _record_failure(payload.tracking_uri, child.info.run_id, reason)
             self._line(trials, trial, f"failed: {reason}")
@@ -305,6 +329,11 @@ def _storage_guard(storage: Path) -> Any:
             self.message: str | None = None
 
         def on_step_begin(self, iteration, trials, **info):  # type: ignore[override]
+            from calibtune.study._diskfull import request_stop, storage_full
+
+            if storage_full(storage):  # a write of Tune's state failed: stop before a trial starts
+                request_stop(storage)
+                return
             now = time.monotonic()
             if self.message is not None or now - self.last < 1.0:
                 return

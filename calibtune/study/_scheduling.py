@@ -7,7 +7,8 @@ and started between two saves is unknown to a driver that was killed before the 
 trial orphaned (and its work lost). `DurableStarts` forces a save, synchronously, the first time
 the scheduler is asked which trial to run after new trials were added; Tune starts a trial's
 actor only after that call in the same step, and the trainable only once the actor has started.
-The cost is one state save per batch of new trials.
+The cost is one state save per batch of new trials. A save that hit a full disk (ENOSPC,
+`calibtune.study._diskfull`) starts nothing: the study stops and `resume` samples them again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from calibtune.study._config import StudyConfig
+from calibtune.study._diskfull import storage_full
 
 # Imported by `_search` only when a study runs (this module loads Ray). The scheduler travels in
 # Tune's pickled tuner state, so its classes live at module level.
@@ -37,6 +39,8 @@ class DurableStarts:
             # The scheduler only gets a facade of the controller; saving is not on its list.
             controller = getattr(tune_controller, "_tune_controller", tune_controller)
             controller.checkpoint(force=True, wait=True)
+            if storage_full(controller.experiment_path):  # not saved: start nothing (`_diskfull`)
+                return None
             self._saved_trials = known
         return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
 

@@ -343,6 +343,18 @@ def record_failure(uri: str, run_id: str, reason: str, detail: str = "") -> None
     close_run(uri, run_id, "failed")
 
 
+def reopen_interrupted(uri: str, run_id: str) -> None:
+    """Undo `record_failure` for a trial that an outside cause (a full disk) interrupted: its
+    run is unfinished again (``running``, no reason) and `resume` continues it."""
+    from mlflow.entities import RunStatus
+
+    client = _client(uri)
+    with contextlib.suppress(Exception):  # no reason recorded (the store was full too)
+        client.delete_tag(run_id, TAG_ERROR)
+    client.set_tag(run_id, TAG_STATUS, "running")
+    client.update_run(run_id, status=RunStatus.to_string(RunStatus.KILLED))
+
+
 class MlflowTrialCallback:
     """`calibtune.trial.TrialCallback` that logs a trial's epochs and results to one MLflow run,
     each exactly once whatever was interrupted when.
