@@ -154,8 +154,9 @@ def _assert_nothing_lost(uri: str, exp: str, trials: int, epochs: int) -> list:
 
 
 def _tune_state_trials(sdir: Path) -> list[str]:
-    """Trial ids in the newest Ray Tune experiment state saved in the study folder."""
-    newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    """Trial ids in the newest Ray Tune experiment state saved in the study folder (by its
+    session's timestamp, as Tune picks it: every save rewrites the older sessions' files too)."""
+    newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.name)
     trials = json.loads(newest.read_text())["trial_data"]
     return [json.loads(state)["trial_id"] for state, _ in trials]
 

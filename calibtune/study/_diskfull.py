@@ -19,6 +19,7 @@ writes its experiment state only from the driver).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -135,16 +136,17 @@ def atomic_filesystem() -> Any:
 class _AtomicWriter:
     """A binary file object (for ``pyarrow.PythonFile``) writing ``path`` atomically: bytes go to
     a temp file beside it, unbuffered (ENOSPC surfaces at the write that hits it); `close`
-    fsyncs and renames it over ``path``, or removes it when a write failed."""
+    fsyncs it and renames it over ``path``. A failed write removes the temp file at once (the
+    stream may outlive the copy that failed, held by its exception) and keeps the old file."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.tmp = os.path.join(
             os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
         )
-        self.failed = False
         self._pos = 0
-        self._fd: int | None = self._guard(
+        self._fd: int | None = None
+        self._fd = self._guard(
             lambda: os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         )
 
@@ -152,10 +154,17 @@ class _AtomicWriter:
         try:
             return op()
         except OSError as exc:
-            self.failed = True
             if exc.errno == errno.ENOSPC:
                 note_full(self.path)
+            self._abort()
             raise
+
+    def _abort(self) -> None:
+        fd, self._fd = self._fd, None
+        with contextlib.suppress(OSError):
+            if fd is not None:
+                os.close(fd)
+            os.unlink(self.tmp)
 
     @property
     def closed(self) -> bool:
@@ -177,7 +186,9 @@ class _AtomicWriter:
         view = memoryview(data).cast("B")
         size = len(view)
         while view:
-            n = self._guard(lambda v=view: os.write(self._fd, v))  # type: ignore[arg-type]
+            if self._fd is None:
+                raise ValueError(f"{self.path}: write to a closed or failed stream")
+            n = self._guard(lambda fd=self._fd, v=view: os.write(fd, v))
             view = view[n:]
         self._pos += size
         return size
@@ -186,32 +197,19 @@ class _AtomicWriter:
         pass
 
     def close(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is None:
+        if self._fd is None:
             return
+        self._guard(lambda: os.fsync(self._fd))  # type: ignore[arg-type]
+        fd, self._fd = self._fd, None
+        os.close(fd)
         try:
-            if not self.failed:
-                self._guard(lambda: os.fsync(fd))
-        finally:
-            os.close(fd)
-            if self.failed:
-                with _suppress():
-                    os.unlink(self.tmp)
-        os.replace(self.tmp, self.path)
+            os.replace(self.tmp, self.path)
+        except OSError:
+            self._abort()
+            raise
 
-    def __del__(self) -> None:  # a stream pyarrow dropped after a failed copy
-        if self._fd is not None:
-            self.failed = True
-            with _suppress():
-                self.close()
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> bool:
-        return exc[0] is not None and issubclass(exc[0], OSError)
+    def __del__(self) -> None:  # a stream dropped unclosed: its bytes may be partial
+        self._abort()
 
 
 class AtomicLocalHandler(FileSystemHandler):
