@@ -117,7 +117,7 @@ def test_the_stop_line_names_the_folder_and_the_free_space(tmp_path):
     )
 
 
-def test_ray_lines_caused_by_the_full_disk_are_dropped():
+def test_ray_and_mlflow_lines_caused_by_the_full_disk_are_dropped():
     keep = D._DiskFullFilter()
 
     def record(name: str, msg: str, exc: BaseException | None = None) -> logging.LogRecord:
@@ -127,7 +127,9 @@ def test_ray_lines_caused_by_the_full_disk_are_dropped():
     enospc = OSError(errno.ENOSPC, "No space left on device")
     assert not keep.filter(record("ray.tune.execution.tune_controller", "Trial failed", enospc))
     assert keep.filter(record("ray.tune.execution.tune_controller", "Trial failed", KeyError()))
-    assert keep.filter(record("mlflow.store", "No space left on device"))  # not Ray's
+    assert not keep.filter(record("mlflow.store.db.utils", "(sqlite3) database or disk is full"))
+    assert keep.filter(record("mlflow.store.db.utils", "UNIQUE constraint failed"))
+    assert keep.filter(record("calibtune", "No space left on device"))  # ours say it themselves
     D._STOPPED["/x"] = "storage /x is full"  # once stopped, Ray's consequences all go
     assert not keep.filter(record("ray.tune.tune", "Trials did not complete: [a, b]"))
 
@@ -184,3 +186,20 @@ def test_a_real_full_tmpfs_keeps_the_old_file(tmp_path):
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split("\n")[:2] == ["failed True", "['state.json'] a 100000 True"]
+
+
+def test_an_mlflow_write_refused_by_the_full_disk_is_skipped_only_while_stopping():
+    full = RuntimeError("(sqlite3.OperationalError) database or disk is full [SQL: INSERT ...]")
+    with D.tolerate_full_store(True):
+        raise full
+    with pytest.raises(RuntimeError, match="disk is full"), D.tolerate_full_store(False):
+        raise full
+    with pytest.raises(KeyError), D.tolerate_full_store(True):
+        raise KeyError("another error")
+
+
+def test_tune_local_error_file_is_read_for_the_reason(tmp_path):
+    (tmp_path / "error.txt").write_text("OSError: [Errno 28] No space left on device\n")
+    assert D.disk_full_text(D.trial_error_text(SimpleNamespace(error_file=tmp_path / "error.txt")))
+    assert D.trial_error_text(SimpleNamespace(error_file=None)) == ""
+    assert D.trial_error_text(SimpleNamespace(error_file=tmp_path / "none.txt")) == ""

@@ -388,16 +388,18 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
     shutil.which("unshare") is None or os.geteuid() != 0,
     reason="needs root and unshare for a private tmpfs",
 )
-def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path):
-    """Issue 24.1: the study's storage on a 32 MiB tmpfs (private mount namespace) filled to the
-    last byte while the second trial starts (the storage guard off: ENOSPC, not a threshold,
-    stops it). One line naming the folder and the free space, exit 75, Tune's and calibtune's
+@pytest.mark.parametrize("mlflow_on_it", [False, True], ids=["mlflow-elsewhere", "mlflow-on-it"])
+def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, mlflow_on_it):
+    """Issue 24.1: the study's storage (and with ``mlflow_on_it`` the MLflow SQLite store) on a
+    32 MiB tmpfs (private mount namespace) filled to the last byte while the second trial starts
+    (the storage guard off: ENOSPC, not a threshold, stops it). One line naming the folder and the free space, exit 75, Tune's and calibtune's
     state files intact; after the filler is removed `resume` finishes every trial, each once in
     MLflow, in Optuna and in Tune's state."""
     storage = tmp_path / "small"
     storage.mkdir()
     name, samples, epochs = "diskfull", 3, 2
-    path = _study(tmp_path, name, epochs=epochs, samples=samples, storage=storage)
+    uri = f"sqlite:///{(storage if mlflow_on_it else tmp_path) / 'mlflow.db'}"
+    path = _study(tmp_path, name, epochs=epochs, samples=samples, storage=storage, uri=uri)
     sdir, keep = storage / name, tmp_path / "kept"
     py = sys.executable
     script = f"""
@@ -416,6 +418,7 @@ rm {storage}/filler
 {py} -m calibtune resume {sdir} --quiet > {tmp_path}/resume.out 2> {tmp_path}/resume.err
 echo $? > {tmp_path}/resume.rc
 cp -a {sdir} {keep}
+cp -a {storage}/mlflow.db {tmp_path}/mlflow.db 2>/dev/null || true
 """
     subprocess.run(
         ["unshare", "-m", "--propagation", "private", "sh", "-c", script],

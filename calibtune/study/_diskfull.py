@@ -27,6 +27,7 @@ import re
 import shutil
 import signal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,11 @@ __all__ = [
     "full_message",
     "note_full",
     "request_stop",
-    "silence_ray_disk_full_logs",
+    "silence_disk_full_logs",
     "stop_reason",
     "storage_full",
+    "tolerate_full_store",
+    "trial_error_text",
 ]
 
 _ENOSPC = re.compile(r"No space left on device|\[errno 28\]|database or disk is full", re.I)
@@ -98,19 +101,37 @@ def stop_reason(storage: Path) -> str | None:
     return line
 
 
-# ----------------------------------------------------------------------------- Ray's log lines
+def trial_error_text(trial: Any) -> str:
+    """The error Tune recorded for a failed trial, from its driver-local staging copy (the copy
+    on the storage may be missing or old when the storage is full)."""
+    with contextlib.suppress(OSError, TypeError):
+        return Path(trial.error_file).read_text(errors="replace")
+    return ""
+
+
+@contextlib.contextmanager
+def tolerate_full_store(stopping: bool) -> Iterator[None]:
+    """While a study stops on a full disk, skip an MLflow write that the same full disk refuses
+    (`resume` writes it again); anything else still raises."""
+    try:
+        yield
+    except Exception as exc:
+        if not (stopping and disk_full_text(f"{exc!r} {exc}")):
+            raise
+
+
+# ----------------------------------------------------------------------------- log lines
 
 
 class _DiskFullFilter(logging.Filter):
-    """Drop Ray's tracebacks and warnings caused by the full disk (the study's one line says
-    it): a record whose text names ENOSPC, and any once a disk-full stop was requested."""
+    """Drop Ray's and MLflow's tracebacks caused by the full disk (the study's one line says
+    it): a record whose text names ENOSPC, and any of Ray Tune's once a disk-full stop was
+    requested (its "trials did not complete", "stop signal received")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not record.name.startswith(
-            ("ray.tune", "ray.train")
-        ):
+        if record.levelno < logging.WARNING or not record.name.startswith(_NOISY):
             return True
-        if _STOPPED:
+        if _STOPPED and record.name.startswith("ray."):
             return False
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
@@ -118,11 +139,15 @@ class _DiskFullFilter(logging.Filter):
         return not disk_full_text(text)
 
 
-def silence_ray_disk_full_logs() -> None:
-    """Install `_DiskFullFilter` on the handlers of Ray's logger (idempotent)."""
-    for handler in logging.getLogger("ray").handlers:
-        if not any(isinstance(f, _DiskFullFilter) for f in handler.filters):
-            handler.addFilter(_DiskFullFilter())
+_NOISY = ("ray.tune", "ray.train", "mlflow")
+
+
+def silence_disk_full_logs() -> None:
+    """Install `_DiskFullFilter` on the handlers of Ray's and MLflow's loggers (idempotent)."""
+    for name in ("ray", "mlflow"):
+        for handler in logging.getLogger(name).handlers:
+            if not any(isinstance(f, _DiskFullFilter) for f in handler.filters):
+                handler.addFilter(_DiskFullFilter())
 
 
 # ----------------------------------------------------------------------------- the file system

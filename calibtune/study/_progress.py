@@ -229,15 +229,17 @@ def _refresher(
 
 
 def _interrupted_by_full_disk(
-    payload: StudyPayload, storage: Path, child: Any | None, reason: str
+    payload: StudyPayload, storage: Path, trial: Any, child: Any | None, reason: str
 ) -> bool:
-    """Whether a trial failed because the storage filled up (its reason, the one its run
-    recorded, or an ENOSPC the driver saw): then its run is reopened for `resume` and the
-    study stops (`calibtune.study._diskfull`)."""
+    """Whether a trial failed because a disk filled up (its reason, the one its run recorded,
+    Tune's local record of its error, or an ENOSPC the driver saw on the storage): then its run
+    is reopened for `resume` and the study stops (`calibtune.study._diskfull`)."""
     from calibtune.study._diskfull import disk_full_text, request_stop, storage_full
+    from calibtune.study._diskfull import trial_error_text as ray_error
 
     recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
-    if not (disk_full_text(reason) or disk_full_text(recorded) or storage_full(storage)):
+    texts = (reason, recorded, ray_error(trial))
+    if not storage_full(storage) and not any(map(disk_full_text, texts)):
         return False
     if child is not None:
         reopen_interrupted(payload.tracking_uri, child.info.run_id)
@@ -298,8 +300,8 @@ def _progress(
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
             reason = _trial_error(trial)
             child = _child(payload, trial.trial_id)
-            if _interrupted_by_full_disk(payload, storage, child, reason):
-                self._line(trials, trial, "interrupted: its storage is full (resumed later)")
+            if _interrupted_by_full_disk(payload, storage, trial, child, reason):
+                self._line(trials, trial, "interrupted by a full disk (resumed later)")
                 return  # neither failed in MLflow nor told to Optuna: `resume` finishes it
             self.failed += 1
             if child is not None and child.data.tags.get(TAG_STATUS) == "running":

@@ -248,10 +248,15 @@ def _storage_filesystem() -> Any:
 
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
-    from calibtune.study._diskfull import silence_ray_disk_full_logs, stop_reason, storage_full
+    from calibtune.study._diskfull import (
+        silence_disk_full_logs,
+        stop_reason,
+        storage_full,
+        tolerate_full_store,
+    )
 
     t0 = time.time()
-    silence_ray_disk_full_logs()
+    silence_disk_full_logs()
     with _graceful_signals() as caught:
         try:
             results = tuner.fit()
@@ -268,12 +273,13 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     stopped_by = caught.get("signal") or full
     counts = _counts(payload, study)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
-    log_metrics(
-        payload.tracking_uri,
-        payload.parent_run_id,
-        {f"study/trials_{k}": v for k, v in counts.items()}
-        | {"study/wall_time_s": time.time() - t0},
-    )
+    with tolerate_full_store(full is not None):  # an MLflow store on the full disk
+        log_metrics(
+            payload.tracking_uri,
+            payload.parent_run_id,
+            {f"study/trials_{k}": v for k, v in counts.items()}
+            | {"study/wall_time_s": time.time() - t0},
+        )
     ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
     warning = refresh_summary(
         study,
@@ -285,7 +291,8 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     )
     if warning:
         print(warning, flush=True)
-    finish_run(payload.tracking_uri, payload.parent_run_id, status)
+    with tolerate_full_store(full is not None):
+        finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
         study.name,
         sd.path,
