@@ -388,13 +388,21 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
     shutil.which("unshare") is None or os.geteuid() != 0,
     reason="needs root and unshare for a private tmpfs",
 )
-@pytest.mark.parametrize("mlflow_on_it", [False, True], ids=["mlflow-elsewhere", "mlflow-on-it"])
-def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, mlflow_on_it):
+@pytest.mark.parametrize(
+    ("point", "mlflow_on_it"),
+    [
+        ("trial_start", False),  # the trial's own writes hit ENOSPC (its marker, checkpoints)
+        ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk
+        ("before_start_save", False),  # Tune's forced state save before trial 2 starts hits it
+    ],
+)
+def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, point, mlflow_on_it):
     """Issue 24.1: the study's storage (and with ``mlflow_on_it`` the MLflow SQLite store) on a
-    32 MiB tmpfs (private mount namespace) filled to the last byte while the second trial starts
-    (the storage guard off: ENOSPC, not a threshold, stops it). One line naming the folder and the free space, exit 75, Tune's and calibtune's
-    state files intact; after the filler is removed `resume` finishes every trial, each once in
-    MLflow, in Optuna and in Tune's state."""
+    32 MiB tmpfs (private mount namespace), filled to the last byte as the second trial starts,
+    at failpoint ``point`` (the storage guard off: ENOSPC, not a threshold, stops it). One line
+    naming the folder and the free space, exit 75, Tune's and calibtune's state files intact;
+    after the filler is removed `resume` finishes every trial, each once in MLflow, in Optuna and
+    in Tune's state."""
     storage = tmp_path / "small"
     storage.mkdir()
     name, samples, epochs = "diskfull", 3, 2
@@ -405,11 +413,11 @@ def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, mlflow_o
     script = f"""
 set -u
 mount -t tmpfs -o size=32m tmpfs {storage}
-CALIBTUNE_FAILPOINT=trial_start CALIBTUNE_FAILPOINT_SKIP=1 CALIBTUNE_FAILPOINT_PAUSE_S=3 \
+CALIBTUNE_FAILPOINT={point} CALIBTUNE_FAILPOINT_SKIP=1 CALIBTUNE_FAILPOINT_PAUSE_S=3 \
   {py} -m calibtune run {path} --quiet > {tmp_path}/run.out 2> {tmp_path}/run.err &
 pid=$!
 for i in $(seq 1200); do
-  [ -e {tmp_path}/trial_start.hit ] && break; sleep 0.25
+  [ -e {tmp_path}/{point}.hit ] && break; sleep 0.25
 done
 dd if=/dev/zero of={storage}/filler bs=64K 2>/dev/null
 wait $pid; echo $? > {tmp_path}/run.rc
@@ -427,7 +435,7 @@ cp -a {storage}/mlflow.db {tmp_path}/mlflow.db 2>/dev/null || true
         timeout=540,
         check=True,
     )
-    assert (tmp_path / "trial_start.hit").exists()
+    assert (tmp_path / f"{point}.hit").exists()
     err = (tmp_path / "run.err").read_text()
     rc = (tmp_path / "run.rc").read_text().strip()
     assert rc == "75", err[-3000:]
@@ -438,7 +446,8 @@ cp -a {storage}/mlflow.db {tmp_path}/mlflow.db 2>/dev/null || true
         f"MiB free): the study stopped; free space and run 'calibtune resume {sdir}'" in (lines[0])
     )
     stopped = tmp_path / "stopped"
-    assert len(_tune_state_trials(stopped)) >= 2  # the complete state survived the full disk
+    saved = _tune_state_trials(stopped)  # the last complete state survived the full disk
+    assert len(saved) == (1 if point == "before_start_save" else 2), saved
     assert not list(stopped.rglob(".*.tmp*"))  # no temp file left behind
     resume_err = (tmp_path / "resume.err").read_text()
     assert (tmp_path / "resume.rc").read_text().strip() == "0", resume_err[-3000:]

@@ -37,6 +37,7 @@ from pyarrow.fs import FileSystemHandler, LocalFileSystem, PyFileSystem
 # Imported by the study driver only when a study runs (pyarrow comes with Ray).
 
 __all__ = [
+    "StorageFullError",
     "atomic_filesystem",
     "disk_full_text",
     "full_message",
@@ -52,6 +53,13 @@ __all__ = [
 _ENOSPC = re.compile(r"No space left on device|\[errno 28\]|database or disk is full", re.I)
 _FULL: set[str] = set()  # files (absolute) whose write failed with ENOSPC in this process
 _STOPPED: dict[str, str] = {}  # study folder -> the one line its disk-full stop printed
+
+
+class StorageFullError(OSError):
+    """Tune's state could not be saved on the storage ``args[0]`` (ENOSPC): nothing may start."""
+
+    def __init__(self, storage: str) -> None:
+        super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), storage)
 
 
 def disk_full_text(text: str | None) -> bool:
