@@ -203,3 +203,35 @@ def test_tune_local_error_file_is_read_for_the_reason(tmp_path):
     assert D.disk_full_text(D.trial_error_text(SimpleNamespace(error_file=tmp_path / "error.txt")))
     assert D.trial_error_text(SimpleNamespace(error_file=None)) == ""
     assert D.trial_error_text(SimpleNamespace(error_file=tmp_path / "none.txt")) == ""
+
+
+def test_a_trial_interrupted_by_a_full_disk_is_unfinished_again_in_mlflow(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from calibtune.study._tracking import (
+        TAG_ERROR,
+        TAG_STATUS,
+        ChildRun,
+        child_statuses,
+        record_failure,
+        reopen_interrupted,
+    )
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("e")
+    child = ChildRun(uri, exp, "parent", key="t1", name="ce")
+    run_id = child.open(params={"loss": "cross_entropy"}, tags={})
+    record_failure(uri, run_id, "OSError: [Errno 28] No space left on device", "traceback")
+    reopen_interrupted(uri, run_id)
+    run = client.get_run(run_id)
+    assert (run.info.status, run.data.tags[TAG_STATUS]) == ("KILLED", "running")
+    assert TAG_ERROR not in run.data.tags
+    assert child_statuses(uri, exp, "parent") == {"t1": "running"}  # counted as unfinished
+
+    record_failure(uri, run_id, "OSError: [Errno 28] No space left on device")  # store was full
+    again = ChildRun(uri, exp, "parent", key="t1", name="ce")
+    assert again.open(params={"loss": "cross_entropy"}, tags={}) == run_id  # `resume`: same run
+    run = client.get_run(run_id)
+    assert (run.info.status, run.data.tags[TAG_STATUS]) == ("RUNNING", "running")
+    assert TAG_ERROR not in run.data.tags

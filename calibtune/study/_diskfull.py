@@ -133,21 +133,19 @@ def tolerate_full_store(stopping: bool) -> Iterator[None]:
 
 class _DiskFullFilter(logging.Filter):
     """Drop Ray's and MLflow's tracebacks caused by the full disk (the study's one line says
-    it): a record whose text names ENOSPC, and any of Ray Tune's once a disk-full stop was
-    requested (its "trials did not complete", "stop signal received")."""
+    it): a record whose text names ENOSPC (a trial's error, a failed state sync, an unhandled
+    task error), and any of Ray Tune's once a disk-full stop was requested (its "trials did not
+    complete", "stop signal received")."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING or not record.name.startswith(_NOISY):
+        if record.levelno < logging.WARNING or not record.name.startswith(("ray", "mlflow")):
             return True
-        if _STOPPED and record.name.startswith("ray."):
+        if _STOPPED and record.name.startswith(("ray.tune", "ray.train")):
             return False
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text += f" {record.exc_info[1]!r} {record.exc_info[1]}"
         return not disk_full_text(text)
-
-
-_NOISY = ("ray.tune", "ray.train", "mlflow")
 
 
 def silence_disk_full_logs() -> None:

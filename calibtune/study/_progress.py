@@ -235,6 +235,7 @@ def _interrupted_by_full_disk(
     Tune's local record of its error, or an ENOSPC the driver saw on the storage): then its run
     is reopened for `resume` and the study stops (`calibtune.study._diskfull`)."""
     from calibtune.study._diskfull import disk_full_text, request_stop, storage_full
+    from calibtune.study._diskfull import tolerate_full_store as tolerate
     from calibtune.study._diskfull import trial_error_text as ray_error
 
     recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
@@ -242,7 +243,8 @@ def _interrupted_by_full_disk(
     if not storage_full(storage) and not any(map(disk_full_text, texts)):
         return False
     if child is not None:
-        reopen_interrupted(payload.tracking_uri, child.info.run_id)
+        with tolerate(True):  # an MLflow store on the full disk: `resume` reopens the run
+            reopen_interrupted(payload.tracking_uri, child.info.run_id)
     request_stop(storage)
     return True
 
