@@ -10,11 +10,14 @@ a ``pyarrow.fs.PyFileSystem`` over the local file system, handed to Tune through
 ``storage_filesystem`` argument (``RunConfig``, ``Tuner.restore``), whose output streams write a
 temp file beside the target, fsync it and rename it over the target on close; after a failed
 write the temp file is removed and the last complete file stays. Every ENOSPC it sees is noted
-(`storage_full`): the study's callbacks and scheduler read that to stop the study (Tune's
-graceful stop, `request_stop`) before a trial starts that Tune's saved state would not know.
+(`storage_full`): the study's callbacks read that to stop the study (Tune's graceful stop,
+`request_stop`), and the scheduler's forced save before a trial starts raises
+`StorageFullError` when it failed, so that no trial starts that Tune's saved state would not
+know (`calibtune.study._scheduling`). `run_study` turns either into one line and exit code 75.
 
-Everything here runs in the driver process (the file system object travels pickled, but Tune
-writes its experiment state only from the driver).
+Tune writes its experiment state from the driver only, so the notes live in the driver process.
+A temp file left by a process killed mid-write (``.NAME.XXXXXXXX.tmp``) is inert: Tune reads
+``experiment_state-*.json`` and the other state files by name.
 """
 
 from __future__ import annotations
