@@ -406,7 +406,8 @@ def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, point, m
     storage = tmp_path / "small"
     storage.mkdir()
     name, samples, epochs = "diskfull", 3, 2
-    uri = f"sqlite:///{(storage if mlflow_on_it else tmp_path) / 'mlflow.db'}"
+    db = (storage if mlflow_on_it else tmp_path) / "mlflow.db"
+    uri = f"sqlite:///{db}"
     path = _study(tmp_path, name, epochs=epochs, samples=samples, storage=storage, uri=uri)
     sdir, keep = storage / name, tmp_path / "kept"
     py = sys.executable
@@ -422,6 +423,7 @@ done
 dd if=/dev/zero of={storage}/filler bs=64K 2>/dev/null
 wait $pid; echo $? > {tmp_path}/run.rc
 cp -a {sdir} {tmp_path}/stopped
+cp -a {db} {tmp_path}/stopped.db
 rm {storage}/filler
 {py} -m calibtune resume {sdir} --quiet > {tmp_path}/resume.out 2> {tmp_path}/resume.err
 echo $? > {tmp_path}/resume.rc
@@ -449,6 +451,12 @@ cp -a {storage}/mlflow.db {tmp_path}/mlflow.db 2>/dev/null || true
     saved = _tune_state_trials(stopped)  # the last complete state survived the full disk
     assert len(saved) == (1 if point == "before_start_save" else 2), saved
     assert not list(stopped.rglob(".*.tmp*"))  # no temp file left behind
+    _, parent, children = _runs(f"sqlite:///{tmp_path / 'stopped.db'}", name)
+    assert [c.data.tags["calibtune.status"] for c in children].count("failed") == 0
+    if not mlflow_on_it:  # the stopped study's counters (a full store refuses them: resume)
+        assert parent.info.status == "KILLED"
+        m = parent.data.metrics
+        assert (m["study/trials_finished"], m["study/trials_unfinished"]) == (1, samples - 1)
     resume_err = (tmp_path / "resume.err").read_text()
     assert (tmp_path / "resume.rc").read_text().strip() == "0", resume_err[-3000:]
     children = _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", name, samples, epochs)
