@@ -99,6 +99,7 @@ def test_the_file_system_pickles_and_reads_like_the_local_one(tmp_path):
         ("OSError: [Errno 28] No space left on device", True),
         ("OSError: [Errno 28] Error writing bytes to file. Detail: [errno 28]", True),
         ("(sqlite3.OperationalError) database or disk is full", True),
+        ("OSError: [Errno 122] Disk quota exceeded", True),
         ("ValueError: non-finite loss at epoch 3", False),
         ("", False),
         (None, False),

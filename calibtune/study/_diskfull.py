@@ -53,7 +53,10 @@ __all__ = [
     "trial_error_text",
 ]
 
-_ENOSPC = re.compile(r"No space left on device|\[errno 28\]|database or disk is full", re.I)
+_ENOSPC = re.compile(
+    r"No space left on device|\[errno 28\]|database or disk is full|Disk quota exceeded", re.I
+)
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota that runs out fills the disk as far as we go
 _FULL: set[str] = set()  # files (absolute) whose write failed with ENOSPC in this process
 _STOPPED: dict[str, str] = {}  # study folder -> the one line its disk-full stop printed
 
@@ -188,7 +191,7 @@ class _AtomicWriter:
         try:
             return op()
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:
+            if exc.errno in _FULL_ERRNOS:
                 note_full(self.path)
             self._abort()
             raise
