@@ -122,7 +122,7 @@ def test_the_study_end_renders_what_a_dead_driver_left(
     study = load_study(Path(__file__).parents[1] / "studies" / "quickstart.yaml")
     run_id, _ = _tagged_copy(trial, tmp_path, study=study.name)
     payload = StudyPayload(study, trial["uri"], trial["exp"], "parent", str(tmp_path))
-    _progress(study, payload, None).setup(stop=None, num_samples=8, total_num_samples=8)
+    _progress(study, payload, None, tmp_path).setup(stop=None, num_samples=8, total_num_samples=8)
     assert _figures(trial, run_id) == []
     drain_summaries()
     assert _figures(trial, run_id) == sorted(trial["names"])

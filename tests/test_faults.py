@@ -154,8 +154,9 @@ def _assert_nothing_lost(uri: str, exp: str, trials: int, epochs: int) -> list:
 
 
 def _tune_state_trials(sdir: Path) -> list[str]:
-    """Trial ids in the newest Ray Tune experiment state saved in the study folder."""
-    newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.stat().st_mtime_ns)
+    """Trial ids in the newest Ray Tune experiment state saved in the study folder (by its
+    session's timestamp, as Tune picks it: every save rewrites the older sessions' files too)."""
+    newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.name)
     trials = json.loads(newest.read_text())["trial_data"]
     return [json.loads(state)["trial_id"] for state, _ in trials]
 
@@ -363,7 +364,7 @@ echo $? > {tmp_path}/resume.rc
         check=True,
     )
     err = (tmp_path / "run.err").read_text()
-    assert (tmp_path / "run.rc").read_text().strip() == "1", err[-3000:]
+    assert (tmp_path / "run.rc").read_text().strip() == "75", err[-3000:]
     want = f"storage {sdir}: expected at least 8 MiB free, found"
     assert sum(want in line for line in err.splitlines()) == 1, err[-3000:]
     assert "Traceback" not in err
@@ -386,3 +387,91 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "truncated or corrupt" in lines[0] and str(state) in lines[0]
     assert {p: p.stat().st_mtime_ns for p in sdir.rglob("*") if p.is_file()} == snapshot
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or os.geteuid() != 0,
+    reason="needs root and unshare for a private tmpfs",
+)
+@pytest.mark.parametrize(
+    ("point", "mlflow_on_it"),
+    [
+        ("trial_start", False),  # the trial's own writes hit ENOSPC (its marker, checkpoints)
+        ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk
+        ("before_start_save", False),  # Tune's forced state save before trial 2 starts hits it
+    ],
+)
+def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, point, mlflow_on_it):
+    """Issue 24.1: the study's storage (and with ``mlflow_on_it`` the MLflow SQLite store) on a
+    32 MiB tmpfs (private mount namespace), filled to the last byte as the second trial starts,
+    at failpoint ``point`` (the storage guard off: ENOSPC, not a threshold, stops it). One line
+    naming the folder and the free space, exit 75, Tune's and calibtune's state files intact;
+    after the filler is removed `resume` finishes every trial, each once in MLflow, in Optuna and
+    in Tune's state."""
+    storage = tmp_path / "small"
+    storage.mkdir()
+    name, samples, epochs = "diskfull", 3, 2
+    db = (storage if mlflow_on_it else tmp_path) / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    path = _study(tmp_path, name, epochs=epochs, samples=samples, storage=storage, uri=uri)
+    sdir, keep = storage / name, tmp_path / "kept"
+    py = sys.executable
+    script = f"""
+set -u
+mount -t tmpfs -o size=32m tmpfs {storage}
+CALIBTUNE_FAILPOINT={point} CALIBTUNE_FAILPOINT_SKIP=1 CALIBTUNE_FAILPOINT_PAUSE_S=3 \
+  {py} -m calibtune run {path} --quiet > {tmp_path}/run.out 2> {tmp_path}/run.err &
+pid=$!
+for i in $(seq 1200); do
+  [ -e {tmp_path}/{point}.hit ] && break; sleep 0.25
+done
+dd if=/dev/zero of={storage}/filler bs=64K 2>/dev/null
+wait $pid; echo $? > {tmp_path}/run.rc
+cp -a {sdir} {tmp_path}/stopped
+cp -a {db} {tmp_path}/stopped.db
+rm {storage}/filler
+{py} -m calibtune resume {sdir} --quiet > {tmp_path}/resume.out 2> {tmp_path}/resume.err
+echo $? > {tmp_path}/resume.rc
+cp -a {sdir} {keep}
+cp -a {storage}/mlflow.db {tmp_path}/mlflow.db 2>/dev/null || true
+"""
+    subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+        cwd=tmp_path,
+        env=_env(tmp_path, CALIBTUNE_MIN_FREE_MB="0"),
+        timeout=540,
+        check=True,
+    )
+    assert (tmp_path / f"{point}.hit").exists()
+    err = (tmp_path / "run.err").read_text()
+    rc = (tmp_path / "run.rc").read_text().strip()
+    assert rc == "75", err[-3000:]
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err[-3000:]
+    assert lines[0].startswith(f"calibtune run: storage {sdir} is full ("), lines[0]
+    assert (
+        f"MiB free): the study stopped; free space and run 'calibtune resume {sdir}'" in (lines[0])
+    )
+    stopped = tmp_path / "stopped"
+    saved = _tune_state_trials(stopped)  # the last complete state survived the full disk
+    assert len(saved) == (1 if point == "before_start_save" else 2), saved
+    assert not list(stopped.rglob(".*.tmp*"))  # no temp file left behind
+    _, parent, children = _runs(f"sqlite:///{tmp_path / 'stopped.db'}", name)
+    assert [c.data.tags["calibtune.status"] for c in children].count("failed") == 0
+    if not mlflow_on_it:  # the stopped study's counters (a full store refuses them: resume)
+        assert parent.info.status == "KILLED"
+        m = parent.data.metrics
+        assert (m["study/trials_finished"], m["study/trials_unfinished"]) == (1, samples - 1)
+    resume_err = (tmp_path / "resume.err").read_text()
+    assert (tmp_path / "resume.rc").read_text().strip() == "0", resume_err[-3000:]
+    children = _assert_nothing_lost(f"sqlite:///{tmp_path / 'mlflow.db'}", name, samples, epochs)
+    assert not [c for c in children if "calibtune.error" in c.data.tags]
+    assert sorted(_tune_state_trials(keep)) == sorted(
+        c.data.tags["calibtune.trial_id"] for c in children
+    )
+    import optuna
+
+    ot = optuna.load_study(study_name=name, storage=f"sqlite:///{keep / 'optuna.db'}")
+    assert [t.state.name for t in ot.trials] == ["COMPLETE"] * samples
+    assert len({t.user_attrs["tune_trial_id"] for t in ot.trials}) == samples

@@ -96,11 +96,15 @@ def _print_outcome(outcome: Any) -> None:
     print(f"export the best config:     calibtune export {outcome.storage} --top 1")
 
 
-def _exit_code(outcome: Any) -> int:
+def _exit_code(outcome: Any, command: str = "run") -> int:
     """0 only when every trial ended (finished, failed with its reason, or stopped early by the
-    scheduler) and at least one finished; 130/143 after SIGINT/SIGTERM (state saved)."""
-    from calibtune.study._search import SIGNAL_EXIT
+    scheduler) and at least one finished; 130/143 after SIGINT/SIGTERM (state saved); 75 when
+    the storage filled up (state saved: free space, then resume)."""
+    from calibtune.study._search import SIGNAL_EXIT, STORAGE_FULL_EXIT
 
+    if outcome.storage_full:
+        print(f"calibtune {command}: {outcome.stopped_by}", file=sys.stderr)
+        return STORAGE_FULL_EXIT
     resume = f"`calibtune resume {outcome.storage}`"
     if outcome.stopped_by in SIGNAL_EXIT:
         print(
@@ -166,7 +170,7 @@ def _cmd_resume(args: argparse.Namespace) -> int:
             args.study, address=args.address, storage=args.storage, verbose=1 if args.verbose else 0
         )
     _print_outcome(outcome)
-    return _exit_code(outcome)
+    return _exit_code(outcome, "resume")
 
 
 # ------------------------------------------------------------------------------- tables

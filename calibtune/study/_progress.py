@@ -32,6 +32,7 @@ from calibtune.study._tracking import (
     close_run,
     find_runs,
     render_deferred_figures,
+    reopen_interrupted,
 )
 from calibtune.study._tracking import record_failure as _record_failure
 from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
@@ -204,7 +205,7 @@ def study_callbacks(
     parent run's summary refreshed when a trial ends), the storage guard, and the live status
     line (their classes are built on call: importing this module does not import Ray)."""
     return [
-        _progress(study, payload, optuna_storage),
+        _progress(study, payload, optuna_storage, storage),
         _storage_guard(storage),
         live_display(study),
     ]
@@ -244,7 +245,30 @@ def _refresher(
     return figures, refresh
 
 
-def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | None) -> Any:
+def _interrupted_by_full_disk(
+    payload: StudyPayload, storage: Path, trial: Any, child: Any | None, reason: str
+) -> bool:
+    """Whether a trial failed because a disk filled up (its reason, the one its run recorded,
+    Tune's local record of its error, or an ENOSPC the driver saw on the storage): then its run
+    is reopened for `resume` and the study stops (`calibtune.study._diskfull`)."""
+    from calibtune.study._diskfull import disk_full_text, request_stop, storage_full
+    from calibtune.study._diskfull import tolerate_full_store as tolerate
+    from calibtune.study._diskfull import trial_error_text as ray_error
+
+    recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
+    texts = (reason, recorded, ray_error(trial))
+    if not storage_full(storage) and not any(map(disk_full_text, texts)):
+        return False
+    if child is not None:
+        with tolerate(True):  # an MLflow store on the full disk: `resume` reopens the run
+            reopen_interrupted(payload.tracking_uri, child.info.run_id)
+    request_stop(storage)
+    return True
+
+
+def _progress(
+    study: StudyConfig, payload: StudyPayload, optuna_storage: str | None, storage: Path
+) -> Any:
     from ray.tune import Callback
 
     figures, refresh = _refresher(study, payload, optuna_storage)
@@ -293,6 +317,12 @@ def _progress(study: StudyConfig, payload: StudyPayload, optuna_storage: str | N
             summarize(trial, False)
 
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
+            child = _child(payload, trial.trial_id)
+            tags = child.data.tags if child is not None else {}
+            reason = tags.get(TAG_ERROR) or _trial_error(trial)
+            if _interrupted_by_full_disk(payload, storage, trial, child, reason):
+                self._line(trials, trial, "interrupted by a full disk (resumed later)")
+                return  # neither failed in MLflow nor told to Optuna: `resume` finishes it
             self.failed += 1
             self._line(trials, trial, f"failed: {_failure(payload, trial)}")
             summarize(trial, True)
@@ -319,6 +349,11 @@ def _storage_guard(storage: Path) -> Any:
             self.message: str | None = None
 
         def on_step_begin(self, iteration, trials, **info):  # type: ignore[override]
+            from calibtune.study._diskfull import request_stop, storage_full
+
+            if storage_full(storage):  # a write of Tune's state failed: stop before a trial starts
+                request_stop(storage)
+                return
             now = time.monotonic()
             if self.message is not None or now - self.last < 1.0:
                 return

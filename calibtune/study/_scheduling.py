@@ -7,7 +7,9 @@ and started between two saves is unknown to a driver that was killed before the 
 trial orphaned (and its work lost). `DurableStarts` forces a save, synchronously, the first time
 the scheduler is asked which trial to run after new trials were added; Tune starts a trial's
 actor only after that call in the same step, and the trainable only once the actor has started.
-The cost is one state save per batch of new trials.
+The cost is one state save per batch of new trials. A save that hit a full disk (ENOSPC,
+`calibtune.study._diskfull`) starts nothing: it ends Tune's run with `StorageFullError` (Tune
+stops the running trials, as a killed driver would) and `resume` continues from the last save.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+from calibtune._failpoints import failpoint
 from calibtune.study._config import StudyConfig
+from calibtune.study._diskfull import StorageFullError, storage_full
 
 # Imported by `_search` only when a study runs (this module loads Ray). The scheduler travels in
 # Tune's pickled tuner state, so its classes live at module level.
@@ -36,7 +40,12 @@ class DurableStarts:
         if known > self._saved_trials:
             # The scheduler only gets a facade of the controller; saving is not on its list.
             controller = getattr(tune_controller, "_tune_controller", tune_controller)
+            failpoint("before_start_save")
             controller.checkpoint(force=True, wait=True)
+            if storage_full(controller.experiment_path):
+                # Tune starts every pending trial after this call whatever it returns; an error
+                # ends the step (and the run: `calibtune.study._diskfull`) before any starts
+                raise StorageFullError(controller.experiment_path)
             self._saved_trials = known
         return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
 

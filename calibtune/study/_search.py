@@ -53,6 +53,7 @@ from calibtune.study._trainable import StudyPayload, make_trainable
 __all__ = ["StudyOutcome", "resume_study", "run_study", "study_dir"]
 
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
+STORAGE_FULL_EXIT = 75  # sysexits.h EX_TEMPFAIL: free space, then `calibtune resume`
 
 
 @dataclass
@@ -65,6 +66,7 @@ class StudyOutcome:
     results: Any  # ray.tune.ResultGrid
     counts: dict[str, int] = field(default_factory=dict)  # MLflow's view: status -> trials
     stopped_by: str | None = None  # "SIGINT", "SIGTERM" or the storage guard's message
+    storage_full: bool = False  # stopped because the storage filled up (`_diskfull`)
 
 
 def study_dir(study: StudyConfig, storage: str | Path | None = None) -> StudyDir:
@@ -147,6 +149,7 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
             failure_config=tune.FailureConfig(max_failures=study.search.max_failures),
             callbacks=list(callbacks),  # Tune appends its own loggers to the list it gets
             verbose=verbose,
+            storage_filesystem=_storage_filesystem(),
         ),
     )
 
@@ -202,6 +205,7 @@ def resume_study(
                 trainable=make_trainable(study, payload),
                 resume_unfinished=True,
                 resume_errored=True,
+                storage_filesystem=_storage_filesystem(),
             )
         except Exception as exc:  # e.g. a state written by another Ray version
             finish_run(payload.tracking_uri, payload.parent_run_id, "KILLED")
@@ -242,23 +246,44 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
 
 
+def _storage_filesystem() -> Any:
+    from calibtune.study._diskfull import atomic_filesystem
+
+    return atomic_filesystem()  # Tune's state survives a full disk (`_diskfull`)
+
+
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
+    from calibtune.study._diskfull import (
+        silence_disk_full_logs,
+        stop_reason,
+        storage_full,
+        tolerate_full_store,
+    )
+
     t0 = time.time()
     retries_note(sd.path, payload.tracking_uri, 0)  # forget an earlier session's
     watch_retries(sd.path)  # one line at the end, not urllib3's warning per retried request
+    silence_disk_full_logs()
     with _graceful_signals() as caught:
         try:
             results = tuner.fit()
+        except Exception:
+            if not storage_full(sd.path):
+                finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
+                raise
+            results = None  # e.g. an error file Tune could not write: the study stops below
         except BaseException:
             finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
             raise
     drain_summaries()  # the per-trial refreshes, before the last one
-    stopped_by = caught.get("signal") or guard_message(sd.path)
+    full = stop_reason(sd.path) or guard_message(sd.path)
+    stopped_by = caught.get("signal") or full
     counts = _counts(payload, study)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
     totals = {f"study/trials_{k}": v for k, v in counts.items()}
     totals |= _wall_times(payload, time.time() - t0)
-    log_metrics(payload.tracking_uri, payload.parent_run_id, totals)
+    with tolerate_full_store(full is not None):  # an MLflow store on the full disk
+        log_metrics(payload.tracking_uri, payload.parent_run_id, totals)
     ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
     warning = refresh_summary(
         study,
@@ -271,7 +296,8 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     for note in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
         if note:
             print(note, flush=True)
-    finish_run(payload.tracking_uri, payload.parent_run_id, status)
+    with tolerate_full_store(full is not None):
+        finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
         study.name,
         sd.path,
@@ -281,6 +307,7 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         results,
         counts,
         stopped_by,
+        storage_full=full is not None and stopped_by == full,
     )
 
 

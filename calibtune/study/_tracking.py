@@ -410,6 +410,8 @@ class ChildRun:
         if found:
             self.run_id = found[0].info.run_id
             client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
+            if TAG_ERROR in found[0].data.tags:  # an earlier attempt's reason (a full disk)
+                client.delete_tag(self.run_id, TAG_ERROR)
         else:
             run = client.create_run(
                 self.experiment_id,
@@ -450,6 +452,19 @@ def record_failure(uri: str, run_id: str, reason: str, detail: str = "") -> None
     if detail:
         client.log_text(run_id, detail, "error.txt")
     close_run(uri, run_id, "failed")
+
+
+def reopen_interrupted(uri: str, run_id: str) -> None:
+    """Undo `record_failure` for a trial that an outside cause (a full disk) interrupted: its
+    run is unfinished again (``running``, no reason) and `resume` continues it."""
+    from mlflow.entities import RunStatus
+    from mlflow.exceptions import MlflowException
+
+    client = _client(uri)
+    with contextlib.suppress(MlflowException):  # no reason recorded (the store was full too)
+        client.delete_tag(run_id, TAG_ERROR)
+    client.set_tag(run_id, TAG_STATUS, "running")
+    client.update_run(run_id, status=RunStatus.to_string(RunStatus.KILLED))
 
 
 class MlflowTrialCallback:

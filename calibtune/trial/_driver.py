@@ -428,7 +428,7 @@ def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
                 f"({found}); re-run it unchanged to resume, or choose another name"
             )
         return
-    marker.write_text(json.dumps(ident, indent=1, sort_keys=True))
+    atomic_write(marker, json.dumps(ident, indent=1, sort_keys=True))  # a full disk: no half
 
 
 def check_data_files(cfg: TrialConfig, splits: bool = False) -> None:
