@@ -120,7 +120,9 @@ def test_worker_failure_resumes_from_checkpoint(tmp_path: Path, local_ref: Any) 
 
 
 def test_too_many_workers_fail_fast(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"needs 8 CPU .* cluster has 2"):
+    with pytest.raises(
+        ValueError, match=r"fits the 2 CPU of the Ray cluster, got one that needs 8 CPU"
+    ):
         run(_cfg(tmp_path, "big", 8))
 
 
