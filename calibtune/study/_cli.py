@@ -112,6 +112,9 @@ def _exit_code(outcome: Any) -> int:
     if outcome.stopped_by:
         print(f"calibtune: {outcome.stopped_by}", file=sys.stderr)
         return 1
+    if outcome.budget_note:  # the budget the study file set: not a failure
+        print(f"calibtune: {outcome.budget_note}", file=sys.stderr)
+        return 0 if outcome.counts.get("finished", 0) > 0 else 1
     if outcome.counts.get("unfinished", 0) > 0:
         print(
             f"calibtune: study {outcome.name}: expected {outcome.counts['unfinished']} more "
@@ -147,9 +150,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
             tracking_uri=args.tracking_uri,
             storage=args.storage,
             verbose=1 if args.verbose else 0,
+            more=args.more or 0,
         )
     _print_outcome(outcome)
     return _exit_code(outcome)
+
+
+def _trial_count(text: str) -> int:
+    """argparse type of ``--more``: an integer >= 1."""
+    n = int(text) if text.strip().isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (trials to add), got {text!r}")
+    return n
 
 
 # ------------------------------------------------------------------------------- resume
@@ -414,6 +426,12 @@ COMMANDS: dict[str, Command] = {
             TRACKING,
             STORAGE,
             *VERBOSITY,
+            arg(
+                "--more",
+                type=_trial_count,
+                metavar="N",
+                help="add N trials to the finished study (same Optuna history and parent run)",
+            ),
             # `calibtune submit` passes the study's self-contained YAML in this variable
             arg("--study-env", help=argparse.SUPPRESS),
         ),

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibtune.study._budget import budget_callbacks, budget_message, budget_note
 from calibtune.study._config import StudyConfig, load_study
+from calibtune.study._extend import check_extendable, extended_study, optuna_history
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
@@ -46,7 +48,7 @@ from calibtune.study._trainable import StudyPayload, make_trainable
 # Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)
 # only when a study runs, so that `calibtune dashboard` (`optuna_storage_url`) loads neither.
 
-__all__ = ["StudyOutcome", "resume_study", "run_study", "study_dir"]
+__all__ = ["StudyOutcome", "extend_study", "resume_study", "run_study", "study_dir"]
 
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 
@@ -61,6 +63,7 @@ class StudyOutcome:
     results: Any  # ray.tune.ResultGrid
     counts: dict[str, int] = field(default_factory=dict)  # MLflow's view: status -> trials
     stopped_by: str | None = None  # "SIGINT", "SIGTERM" or the storage guard's message
+    budget_note: str | None = None  # `search.time_budget` spent: what was not run (`_budget`)
 
 
 def study_dir(study: StudyConfig, storage: str | Path | None = None) -> StudyDir:
@@ -98,7 +101,7 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
     return StudyPayload(study, uri, parent.experiment_id, parent.run_id, str(sd.trials_dir))
 
 
-def _searcher(study: StudyConfig) -> Any:
+def _searcher(study: StudyConfig, history: list[Any]) -> Any:
     from ray.tune.search import ConcurrencyLimiter
 
     from calibtune.study._constrained import ConstrainedOptunaSearch
@@ -108,6 +111,7 @@ def _searcher(study: StudyConfig) -> Any:
     mode: Any = objs[0].mode if len(objs) == 1 else [o.mode for o in objs]
     searcher = ConstrainedOptunaSearch(
         constraints=study.search.constraints,
+        history=history,
         space=define_by_run(study),
         metric=metric,
         mode=mode,
@@ -119,7 +123,16 @@ def _searcher(study: StudyConfig) -> Any:
     return ConcurrencyLimiter(searcher, max_concurrent=study.search.max_concurrent)
 
 
-def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: list, verbose: int):
+def _tuner(
+    study: StudyConfig,
+    sd: StudyDir,
+    payload: StudyPayload,
+    callbacks: list,
+    verbose: int,
+    more: tuple[int, list[Any]] | None = None,
+):
+    """Tune over the study's trials, or (``more``: trials to add and the Optuna history they
+    continue, `extend_study`) over that many more."""
     from ray import tune
 
     from calibtune.study._scheduling import make_scheduler
@@ -129,9 +142,9 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
     return tune.Tuner(
         make_trainable(study, payload),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(study),
+            search_alg=_searcher(study, more[1] if more else []),
             scheduler=make_scheduler(study),
-            num_samples=study.search.num_samples,
+            num_samples=more[0] if more else study.search.num_samples,
             reuse_actors=study.search.reuse_actors,
             metric=objs[0].metric if single else None,
             mode=objs[0].mode if single else None,
@@ -153,11 +166,20 @@ def run_study(
     tracking_uri: str | None = None,
     storage: str | Path | None = None,
     verbose: int = 1,
+    more: int = 0,
 ) -> StudyOutcome:
-    """Run (or, if its storage already holds it, continue) a study and return its results."""
+    """Run (or, if its storage already holds it, continue) a study and return its results;
+    ``more``: add that many trials to the finished study (`extend_study`)."""
     if not isinstance(study, StudyConfig):
         study = load_study(study)
     sd = study_dir(study, storage)
+    if more and not sd.has_tune_state():
+        raise StudyDirError(
+            f"study {study.name}: expected a study that has run in {sd.path} (--more adds trials "
+            "to one), found none; run it without --more first"
+        )
+    if more:
+        return extend_study(sd.path, more, address=address, verbose=verbose)
     if sd.has_tune_state():
         return resume_study(sd.path, address=address, verbose=verbose)
     _check_files(study)  # bad input stops here, before anything is written or started
@@ -167,8 +189,39 @@ def run_study(
             init_ray(address, verbose=verbose > 0)
             check_cluster(study)
         payload = _open_parent(study, sd, uri)
-        callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
+        callbacks = _callbacks(study, sd, payload)
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)
+
+
+def _callbacks(study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> list[Any]:
+    optuna_storage = optuna_storage_url(study, sd)
+    return study_callbacks(study, payload, sd.path, optuna_storage) + budget_callbacks(
+        study.search.time_budget, sd.path
+    )
+
+
+def extend_study(
+    path_or_name: str | Path,
+    more: int,
+    *,
+    address: str | None = None,
+    storage: str | Path | None = None,
+    verbose: int = 1,
+) -> StudyOutcome:
+    """Add ``more`` trials to a study whose trials have all ended: a new Tune round in its
+    folder, continuing its Optuna history and MLflow parent run (`calibtune.study._extend`)."""
+    sd = StudyDir.find(path_or_name, storage)
+    with sd.lock():
+        sd.check_restorable()  # a folder Tune wrote completely: its rounds stay restorable
+        base = sd.read_study()
+        check_extendable(base, sd, sd.read_state(), more)
+        study = extended_study(base, more)
+        history = optuna_history(study, optuna_storage_url(study, sd))
+        init_ray(address, verbose=verbose > 0)
+        check_cluster(study)
+        payload = _open_parent(study, sd, _tracking_uri(study, sd, None))
+        tuner = _tuner(study, sd, payload, _callbacks(study, sd, payload), verbose, (more, history))
+        return _fit(tuner, study, sd, payload)
 
 
 def resume_study(
@@ -248,6 +301,7 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     drain_summaries()  # the per-trial refreshes, before the last one
     stopped_by = caught.get("signal") or guard_message(sd.path)
     counts = _counts(payload, study)
+    note = _budget_note(study, sd, counts, stopped_by)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
     log_metrics(
         payload.tracking_uri,
@@ -255,7 +309,8 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         {f"study/trials_{k}": v for k, v in counts.items()}
         | {"study/wall_time_s": time.time() - t0},
     )
-    ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
+    # an interrupted study's trials resume (the budget's too)
+    ended = [] if stopped_by or note else _ended(results)
     warning = refresh_summary(
         study,
         payload.tracking_uri,
@@ -276,7 +331,19 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         results,
         counts,
         stopped_by,
+        note,
     )
+
+
+def _budget_note(
+    study: StudyConfig, sd: StudyDir, counts: dict[str, int], stopped_by: str | None
+) -> str | None:
+    """What a spent ``search.time_budget`` left unrun (None: no budget spent, a signal or the
+    storage guard stopped the study first, or nothing was left)."""
+    budget = budget_message(sd.path)  # read in any case: a later session starts without it
+    if budget is None or stopped_by or counts["unfinished"] <= 0:
+        return None
+    return budget_note(study.name, budget, counts["unfinished"], study.search.num_samples, sd.path)
 
 
 def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:
