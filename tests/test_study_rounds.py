@@ -145,6 +145,15 @@ def test_more_continues_the_optuna_study_and_parent_run(tmp_path, capsys, ray_se
     assert sd.read_study().search.num_samples == 4  # the study copy counts all rounds
     parent = client.get_run(state.parent_run_id)
     assert parent.info.status == "FINISHED" and parent.data.metrics["study/trials_finished"] == 4
+    # data lineage: every trial's splits and OOD/shift sets as dataset inputs, the same for all
+    for r in after.values():
+        contexts = {t.value for d in r.inputs.dataset_inputs for t in d.tags}
+        assert contexts == {"training", "validation", "test", "ood", "shift"}, contexts
+    assert len({tuple(sorted((d.dataset.name, d.dataset.digest) for d in r.inputs.dataset_inputs))
+                for r in after.values()}) == 1  # fmt: skip
+    capsys.readouterr()
+    assert main(["compare", str(sd.path)]) == 0
+    assert "different data" not in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -212,7 +212,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
         table = compare_table(ref, metrics, args.sort, trials=trials)
     print(format_table(table, args.format), end="")
+    _data_note(trials[trials["trial_id"].isin(table["trial_id"])])
     return 0
+
+
+def _data_note(trials: Any) -> None:
+    """Data lineage: one line on stderr when the table's trials saw different data."""
+    from calibtune.study._lineage import data_note
+
+    if note := data_note(trials.to_dict("records")):
+        print(f"calibtune: {note}", file=sys.stderr)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -234,6 +243,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             )
         text = format_table(table, args.format)
     print(text, end="")
+    _data_note(trials[trials["status"] == "finished"])
     if out is not None:
         with usage(out):
             out.parent.mkdir(parents=True, exist_ok=True)

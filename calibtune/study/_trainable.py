@@ -21,6 +21,7 @@ from typing import Any
 from calibtune._failpoints import failpoint
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
+from calibtune.study._lineage import log_data_inputs, trial_inputs
 from calibtune.study._spaces import decode
 from calibtune.study._tracking import TAG_LOSS, ChildRun, MlflowTrialCallback, log_missing
 
@@ -151,6 +152,9 @@ def _seed_run(
         run_id = seed_run.open(params={**hp, "seed": seed}, tags={TAG_LOSS: hp["loss"]})
     try:
         cfg = T.config_from_dict(trial_dict(study, config, seed, name))
+        inputs = trial_inputs(cfg)  # data lineage: every split and OOD/shift set, digested
+        if seed_run is not None:  # the trial's run holds every seed's data
+            log_data_inputs(payload.tracking_uri, child.run_id, inputs)  # type: ignore[arg-type]
         draws = study.base_config().eval.figures
         res = T.run(
             cfg,
@@ -163,6 +167,7 @@ def _seed_run(
                     # the driver draws them after Tune has the result (`render_deferred_figures`;
                     # it looks for them when the study's own trial config draws figures)
                     figures_for=study.name if cfg.eval.figures and draws else None,
+                    inputs=inputs,
                 )
             ],
             storage_path=payload.trials_dir,
