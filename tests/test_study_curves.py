@@ -3,6 +3,7 @@ real MLflow child runs (SQLite) become each Optuna trial's intermediate values, 
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.test_study_dashboard import _study_file
@@ -42,3 +43,20 @@ def test_intermediate_values_come_from_the_child_runs_once(tmp_path):
     trials = load_optuna_study("dash", storage).trials
     assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED"]
     assert [t.intermediate_values for t in trials] == [{0: 0.30, 1: 0.20, 2: 0.15}, {0: 0.40}]
+
+
+def test_a_several_seed_trials_curve_is_the_mean_of_its_seed_runs(tmp_path):
+    from calibtune.study._curves import objective_curves
+    from calibtune.study._tracking import PARENT, TAG_KIND, log_metrics
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("seeds")
+    parent = client.create_run(exp_id).info.run_id
+    trial = _child(client, exp_id, parent, "a", [0.9])  # only the seed mean of the last epoch
+    for values in ([0.4, 0.2], [0.2, 0.1, 0.05]):  # the second seed ran one epoch further
+        seed = client.create_run(exp_id, tags={PARENT: trial, TAG_KIND: "seed"}).info.run_id
+        for epoch, v in enumerate(values):
+            log_metrics(uri, seed, {"val/ece@ts": v}, epoch)
+    curves = objective_curves(uri, exp_id, parent, "val/ece@ts", ["a"])
+    assert curves == {"a": {0: pytest.approx(0.3), 1: pytest.approx(0.15)}}

@@ -41,19 +41,35 @@ def objective_curves(
     uri: str, exp_id: str, parent_run_id: str, metric: str, trial_ids: Iterable[str]
 ) -> dict[str, dict[int, float]]:
     """``{Tune trial id: curve of metric}`` for the child runs of ``parent_run_id`` among
-    ``trial_ids`` (a trial without a run or without the metric is absent)."""
-    from calibtune.study._tracking import PARENT, TAG_TRIAL, _client, find_runs
+    ``trial_ids`` (a trial without a run or without the metric is absent). A trial trained on
+    several seeds logs its epochs in its seed runs: its curve is their mean, per epoch that
+    every seed reached (`mean_curve`)."""
+    from calibtune.study._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
 
     wanted = set(trial_ids)
     if not wanted:
         return {}
-    runs = find_runs(uri, exp_id, f"tags.`{PARENT}` = '{parent_run_id}'")
+    runs = [r for r in find_runs(uri, exp_id, f"tags.`{PARENT}` = '{parent_run_id}'")
+            if r.data.tags.get(TAG_TRIAL) in wanted]  # fmt: skip
+    seeds: dict[str, list[str]] = {}  # trial run id -> its seed runs' ids
+    if runs:
+        for r in find_runs(uri, exp_id, f"tags.`{TAG_KIND}` = 'seed'"):
+            seeds.setdefault(r.data.tags.get(PARENT, ""), []).append(r.info.run_id)
     client, name = _client(uri), K.to_mlflow(metric)
     out: dict[str, dict[int, float]] = {}
     for run in runs:
-        trial_id = run.data.tags.get(TAG_TRIAL)
-        if trial_id in wanted:
-            values = curve(client.get_metric_history(run.info.run_id, name))
-            if values:
-                out[trial_id] = values
+        ids = seeds.get(run.info.run_id) or [run.info.run_id]
+        values = mean_curve([curve(client.get_metric_history(i, name)) for i in ids])
+        if values:
+            out[run.data.tags[TAG_TRIAL]] = values
     return out
+
+
+def mean_curve(curves: list[dict[int, float]]) -> dict[int, float]:
+    """The per-epoch mean of several seeds' curves, over the epochs all of them have.
+
+    >>> mean_curve([{0: 0.5, 1: 0.3}, {0: 0.3}])
+    {0: 0.4}
+    """
+    common = set.intersection(*(set(c) for c in curves)) if curves else set()
+    return {s: sum(c[s] for c in curves) / len(curves) for s in sorted(common)}
