@@ -107,6 +107,20 @@ def test_the_new_rounds_sampler_starts_from_the_persisted_history(tmp_path):
     assert pickle.loads(pickle.dumps(searcher))._history == []
 
 
+def test_a_raised_num_samples_alone_asks_for_the_difference(tmp_path):
+    from calibtune.study import load_study
+    from calibtune.study._extend import added_samples
+    from calibtune.study._studydir import StudyDir
+
+    sd = StudyDir.at("grow", tmp_path / "studies")
+    sd.write_study(load_study(_study(tmp_path, "grow")))  # num_samples 2, as it ran
+    saved = sd.read_study()
+    assert added_samples(load_study(_study(tmp_path, "grow", {"num_samples": 5})), saved) == 3
+    assert added_samples(load_study(_study(tmp_path, "grow", {"num_samples": 1})), saved) == 0
+    changed = {"num_samples": 5, "sampler_seed": 7}  # another study: the saved one continues
+    assert added_samples(load_study(_study(tmp_path, "grow", changed)), saved) == 0
+
+
 # ----------------------------------------------------------------------------- with Ray
 
 
@@ -154,6 +168,11 @@ def test_more_continues_the_optuna_study_and_parent_run(tmp_path, capsys, ray_se
     capsys.readouterr()
     assert main(["compare", str(sd.path)]) == 0
     assert "different data" not in capsys.readouterr().err
+    # a larger num_samples in the study file, nothing else changed: one more trial
+    _study(tmp_path, "rounds", {"num_samples": 5})
+    assert main(["run", str(path)]) == 0
+    assert len(children()) == 5 and set(after) < set(children())
+    assert sd.read_study().search.num_samples == 5
 
 
 @pytest.mark.slow
@@ -168,4 +187,4 @@ def test_time_budget_stops_the_session_with_its_state_saved(tmp_path, capsys, ra
     assert code in (0, 1)  # 0 when a trial finished within the second
     sd = StudyDir.at("budget", tmp_path / "studies")
     sd.check_restorable()  # Tune's state saved: `resume` continues it
-    _one_line_exit_2(capsys, ["run", str(path), "--more", "1"], "trials ended before --more")
+    _one_line_exit_2(capsys, ["run", str(path), "--more", "1"], "trials ended before adding more")

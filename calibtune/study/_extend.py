@@ -1,4 +1,5 @@
-"""Extending a finished study with more trials (``calibtune run STUDY --more N``).
+"""Extending a finished study with more trials (``calibtune run STUDY --more N``, or ``calibtune
+run STUDY`` after raising ``search.num_samples`` in the study file: `added_samples`).
 
 The extension is a new round of Ray Tune in the same study folder (a fresh ``Tuner`` under the
 same name: its own ``experiment_state-*.json``, which `resume` restores as the newest, and its
@@ -17,9 +18,9 @@ from typing import Any
 
 from calibtune._yaml import load_text
 from calibtune.study._config import StudyConfig, study_from_text
-from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
+from calibtune.study._studydir import StudyDir, StudyDirError, StudyState, self_contained
 
-__all__ = ["check_extendable", "extended_study", "optuna_history"]
+__all__ = ["added_samples", "check_extendable", "extended_study", "optuna_history"]
 
 ENDED = ("finished", "failed", "stopped")
 
@@ -41,8 +42,27 @@ def check_extendable(study: StudyConfig, sd: StudyDir, state: StudyState, more: 
     if ended < study.search.num_samples:
         raise StudyDirError(
             f"study {study.name}: expected all {study.search.num_samples} trials ended before "
-            f"--more, found {ended}; finish them with `calibtune resume {sd.path}` first"
+            f"adding more, found {ended}; finish them with `calibtune resume {sd.path}` first"
         )
+
+
+def added_samples(study: StudyConfig, saved: StudyConfig) -> int:
+    """Trials a study file run again asks for beyond its saved copy ``saved`` (the study as it
+    ran): its ``search.num_samples`` minus the copy's when it differs from the copy in nothing
+    else (search spaces inlined, as saved); else 0 (the run continues the saved study)."""
+    extra = study.search.num_samples - saved.search.num_samples
+    if extra <= 0:
+        return 0
+    return extra if _without_count(self_contained(study)) == _without_count(saved.text) else 0
+
+
+def _without_count(text: str) -> str:
+    import yaml
+
+    raw = load_text(text, "study")
+    if isinstance(raw.get("search"), dict):
+        raw["search"].pop("num_samples", None)
+    return yaml.safe_dump(raw, sort_keys=True)
 
 
 def extended_study(study: StudyConfig, more: int) -> StudyConfig:

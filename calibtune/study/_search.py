@@ -26,11 +26,16 @@ from typing import Any
 
 from calibtune.study._budget import budget_callbacks, budget_message, budget_note
 from calibtune.study._config import StudyConfig, load_study
-from calibtune.study._extend import check_extendable, extended_study, optuna_history
+from calibtune.study._extend import (
+    added_samples,
+    check_extendable,
+    extended_study,
+    optuna_history,
+)
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
-from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
+from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     TAG_HASH,
@@ -169,7 +174,8 @@ def run_study(
     more: int = 0,
 ) -> StudyOutcome:
     """Run (or, if its storage already holds it, continue) a study and return its results;
-    ``more``: add that many trials to the finished study (`extend_study`)."""
+    ``more`` (or a ``search.num_samples`` raised since the study ran, nothing else changed):
+    add that many trials to the finished study (`extend_study`)."""
     if not isinstance(study, StudyConfig):
         study = load_study(study)
     sd = study_dir(study, storage)
@@ -178,6 +184,8 @@ def run_study(
             f"study {study.name}: expected a study that has run in {sd.path} (--more adds trials "
             "to one), found none; run it without --more first"
         )
+    if not more and sd.has_tune_state() and (sd.path / STUDY_COPY).is_file():
+        more = added_samples(study, sd.read_study())  # num_samples raised in the study file
     if more:
         return extend_study(sd.path, more, address=address, verbose=verbose)
     if sd.has_tune_state():
