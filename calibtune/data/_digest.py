@@ -72,12 +72,19 @@ def data_inputs(
     root: str | os.PathLike[str] | None,
     seed: int,
     val_fraction: float,
-    ood: tuple[str, ...],
-    shift: tuple[str, ...],
+    ood: tuple[str, ...] | None,
+    shift: tuple[str, ...] | None,
 ) -> tuple[DataInput, ...]:
     """The splits of ``dataset`` (as `load_splits` gives them for ``seed``/``val_fraction``),
     each OOD set of ``ood`` at each severity and the test side of each shift set of ``shift``
-    at each severity, with their digests; cached per process."""
+    at each severity, with their digests; cached per process. ``ood``/``shift`` None: the
+    dataset's defaults (`default_ood`, `default_shift`), as a trial config's ``data.ood`` and
+    ``data.shift`` mean it."""
+    from ._ood import default_ood
+    from ._shift import default_shift
+
+    ood = tuple(default_ood(dataset)) if ood is None else tuple(ood)
+    shift = tuple(default_shift(dataset)) if shift is None else tuple(shift)
     return _data_inputs(
         dataset, None if root is None else str(root), seed, val_fraction, ood, shift
     )

@@ -24,19 +24,10 @@ PREFIX = "data:"
 def trial_inputs(cfg: Any) -> tuple[Any, ...]:
     """The `calibtune.data._digest.DataInput` of every split, OOD and shift set the trial
     config ``cfg`` trains and evaluates on (digests cached per process)."""
-    from calibtune import data as D
-    from calibtune.data._digest import data_inputs
-    from calibtune.trial._metrics import shift_sets
+    from calibtune.data import data_inputs
 
-    ood = cfg.data.ood if cfg.data.ood is not None else tuple(D.default_ood(cfg.data.name))
-    return data_inputs(
-        cfg.data.name,
-        cfg.data.root,
-        cfg.seed,
-        cfg.data.val_fraction,
-        tuple(ood),
-        tuple(shift_sets(cfg)),
-    )
+    d = cfg.data
+    return data_inputs(d.name, d.root, cfg.seed, d.val_fraction, d.ood, d.shift)
 
 
 def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
