@@ -187,4 +187,12 @@ def test_time_budget_stops_the_session_with_its_state_saved(tmp_path, capsys, ra
     assert code in (0, 1)  # 0 when a trial finished within the second
     sd = StudyDir.at("budget", tmp_path / "studies")
     sd.check_restorable()  # Tune's state saved: `resume` continues it
+    state = sd.read_state()
+    client = MlflowClient(state.tracking_uri)
+    runs = client.search_runs(
+        [state.experiment_id], f"tags.`mlflow.parentRunId` = '{state.parent_run_id}'"
+    )
+    # the trial the budget interrupted stays resumable: not marked failed
+    assert {r.data.tags["calibtune.status"] for r in runs} <= {"running", "finished"}
+    assert client.get_run(state.parent_run_id).info.status in ("FINISHED", "KILLED")
     _one_line_exit_2(capsys, ["run", str(path), "--more", "1"], "trials ended before adding more")

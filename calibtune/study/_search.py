@@ -311,6 +311,7 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     counts = _counts(payload, study)
     note = _budget_note(study, sd, counts, stopped_by)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
+    status = "KILLED" if note and counts["finished"] == 0 else status  # a budget, not a failure
     log_metrics(
         payload.tracking_uri,
         payload.parent_run_id,

@@ -172,6 +172,8 @@ def _seed_run(
             ],
             storage_path=payload.trials_dir,
         )
+    except SystemExit:  # Tune ending the trial's actor (a graceful stop): resumable, not failed
+        raise
     except BaseException as exc:
         if seed_run is not None:
             seed_run.fail(failure_reason(exc), traceback.format_exc())
@@ -205,6 +207,8 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     )
     try:
         results = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
+    except SystemExit:  # (see `_seed_run`)
+        raise
     except BaseException as exc:
         child.fail(failure_reason(exc), traceback.format_exc())
         raise
