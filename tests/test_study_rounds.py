@@ -145,7 +145,7 @@ def test_more_continues_the_optuna_study_and_parent_run(tmp_path, capsys, ray_se
     epochs = {t: len(client.get_metric_history(r.info.run_id, "epoch")) for t, r in first.items()}
     assert main(["run", str(path), "--more", "2"]) == 0
     out = capsys.readouterr().out
-    assert "4 finished" in out, out
+    assert "study rounds: 2 more trials" in out and "4 finished" in out, out
     assert sd.read_state().parent_run_id == state.parent_run_id  # the same parent run
     after = children()
     assert len(after) == 4 and set(first) < set(after)

@@ -65,12 +65,15 @@ JOB_ID = arg("job_id", metavar="JOB_ID")
 # ------------------------------------------------------------------------------- run
 
 
-def _setup_line(study: Any, address: str | None, tracking_uri: str | None) -> None:
+def _setup_line(
+    study: Any, address: str | None, tracking_uri: str | None, more: int | None = None
+) -> None:
     s = study.search
     where = f"Ray at {address}" if address else "a local Ray"
     uri = tracking_uri or study.tracking.uri or "sqlite:///mlflow.db"
+    trials = f"{more} more trials" if more else f"{s.num_samples} trials"
     print(
-        f"[calibtune] study {study.name}: {s.num_samples} trials, {s.max_concurrent} at a time "
+        f"[calibtune] study {study.name}: {trials}, {s.max_concurrent} at a time "
         f"on {where}; MLflow {uri}",
         flush=True,
     )
@@ -143,7 +146,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         preflight_run(
             study, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage
         )
-        _setup_line(study, args.address, args.tracking_uri)
+        _setup_line(study, args.address, args.tracking_uri, args.more)
         outcome = run_study(
             study,
             address=args.address,
