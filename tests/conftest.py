@@ -24,6 +24,7 @@ GROUPS = {
             "tests/test_placement.py",
             "tests/test_results_studies.py",
             "tests/test_study_e2e.py",
+            "tests/test_study_rounds.py",
             "tests/test_trial_workers.py",
             "tests/test_ui_browser.py",
         ],

@@ -261,3 +261,31 @@ def test_optuna_dashboard_loads_the_study(study, page):
         _shot(page, "optuna-dashboard")
     finally:
         _stop(proc)
+
+
+def test_optuna_dashboard_draws_each_trials_learning_curve(study, page):
+    """Each trial's per-epoch ``val/ece`` is an Optuna intermediate value (one per epoch, however
+    often the driver recorded the trial): the dashboard's "Intermediate values" plot draws one
+    line per trial, two epochs each."""
+    from calibtune.study._summary import load_optuna_study
+
+    outcome, _ = study
+    trials = load_optuna_study("uistudy", f"sqlite:///{outcome.storage / 'optuna.db'}").trials
+    assert [len(t.intermediate_values) for t in trials] == [2, 2], trials
+    proc = _serve("dashboard", str(outcome.storage))
+    try:
+        page.goto(_printed_url(proc, r"http://127\.0\.0\.1:\d+\S*"))
+        page.locator('a[href*="/dashboard/studies/"]', has_text="uistudy").click()
+        page.get_by_text("Intermediate values", exact=True).wait_for()
+        lines = page.locator("#graph-intermediate-values .scatterlayer .trace")
+        page.wait_for_function(
+            "() => document.querySelectorAll("
+            "'#graph-intermediate-values .scatterlayer .trace').length >= 2"
+        )
+        assert lines.count() == len(trials) == 2
+        points = page.locator("#graph-intermediate-values .scatterlayer .trace .point")
+        assert points.count() == 4  # two epochs per trial
+        page.locator("#graph-intermediate-values").scroll_into_view_if_needed()
+        _shot(page, "optuna-dashboard-curves")
+    finally:
+        _stop(proc)

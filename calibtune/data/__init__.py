@@ -17,6 +17,7 @@ from ._common import (
     stratified_holdout,
 )
 from ._datasets import DATASETS, dataset_shape, dataset_stats, list_datasets, load_splits
+from ._digest import DataInput, data_inputs, dataset_digest
 from ._ood import (
     CIFAR10C_CORRUPTIONS,
     OOD_SETS,
@@ -44,10 +45,13 @@ __all__ = [
     "OOD_SETS",
     "SEVERITIES",
     "BatchAugment",
+    "DataInput",
     "DatasetNotFoundError",
     "NormalizedImages",
     "OODSet",
     "Splits",
+    "data_inputs",
+    "dataset_digest",
     "dataset_labels",
     "dataset_shape",
     "dataset_stats",

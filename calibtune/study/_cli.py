@@ -65,12 +65,15 @@ JOB_ID = arg("job_id", metavar="JOB_ID")
 # ------------------------------------------------------------------------------- run
 
 
-def _setup_line(study: Any, address: str | None, tracking_uri: str | None) -> None:
+def _setup_line(
+    study: Any, address: str | None, tracking_uri: str | None, more: int | None = None
+) -> None:
     s = study.search
     where = f"Ray at {address}" if address else "a local Ray"
     uri = tracking_uri or study.tracking.uri or "sqlite:///mlflow.db"
+    trials = f"{more} more trials" if more else f"{s.num_samples} trials"
     print(
-        f"[calibtune] study {study.name}: {s.num_samples} trials, {s.max_concurrent} at a time "
+        f"[calibtune] study {study.name}: {trials}, {s.max_concurrent} at a time "
         f"on {where}; MLflow {uri}",
         flush=True,
     )
@@ -116,6 +119,9 @@ def _exit_code(outcome: Any, command: str = "run") -> int:
     if outcome.stopped_by:
         print(f"calibtune: {outcome.stopped_by}", file=sys.stderr)
         return 1
+    if outcome.budget_note:  # the budget the study file set: not a failure
+        print(f"calibtune: {outcome.budget_note}", file=sys.stderr)
+        return 0 if outcome.counts.get("finished", 0) > 0 else 1
     if outcome.counts.get("unfinished", 0) > 0:
         print(
             f"calibtune: study {outcome.name}: expected {outcome.counts['unfinished']} more "
@@ -144,16 +150,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
         preflight_run(
             study, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage
         )
-        _setup_line(study, args.address, args.tracking_uri)
+        _setup_line(study, args.address, args.tracking_uri, args.more)
         outcome = run_study(
             study,
             address=args.address,
             tracking_uri=args.tracking_uri,
             storage=args.storage,
             verbose=1 if args.verbose else 0,
+            more=args.more or 0,
         )
     _print_outcome(outcome)
     return _exit_code(outcome)
+
+
+def _trial_count(text: str) -> int:
+    """argparse type of ``--more``: an integer >= 1."""
+    n = int(text) if text.strip().isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 (trials to add), got {text!r}")
+    return n
 
 
 # ------------------------------------------------------------------------------- resume
@@ -204,7 +219,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
         table = compare_table(ref, metrics, args.sort, trials=trials)
     print(format_table(table, args.format), end="")
+    _data_note(trials[trials["trial_id"].isin(table["trial_id"])])
     return 0
+
+
+def _data_note(trials: Any) -> None:
+    """Data lineage: one line on stderr when the table's trials saw different data."""
+    from calibtune.study._lineage import data_note
+
+    if note := data_note(trials.to_dict("records")):
+        print(f"calibtune: {note}", file=sys.stderr)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -226,6 +250,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
             )
         text = format_table(table, args.format)
     print(text, end="")
+    _data_note(trials[trials["status"] == "finished"])
     if out is not None:
         with usage(out):
             out.parent.mkdir(parents=True, exist_ok=True)
@@ -418,6 +443,12 @@ COMMANDS: dict[str, Command] = {
             TRACKING,
             STORAGE,
             *VERBOSITY,
+            arg(
+                "--more",
+                type=_trial_count,
+                metavar="N",
+                help="add N trials to the finished study (same Optuna history and parent run)",
+            ),
             # `calibtune submit` passes the study's self-contained YAML in this variable
             arg("--study-env", help=argparse.SUPPRESS),
         ),

@@ -21,7 +21,7 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from calibtune._names import check_experiment, check_name
-from calibtune._validate import check_bool, check_int, check_keys, check_mapping
+from calibtune._validate import check_bool, check_float, check_int, check_keys, check_mapping
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
 from calibtune.study._constraints import Constraint, parse_constraints
@@ -56,6 +56,7 @@ SEARCH_KEYS = (
     "reuse_actors",
     "optuna_storage",
     "constraints",
+    "time_budget",
 )
 #: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
 CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
@@ -97,6 +98,7 @@ class SearchConfig:
     reuse_actors: bool = True  # a Tune trial process trains trial after trial (imports paid once)
     optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
     constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (study/_constraints.py)
+    time_budget: float | None = None  # seconds per run/resume; None: no limit (study/_budget.py)
 
 
 @dataclass(frozen=True)
@@ -285,7 +287,12 @@ def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
         reuse_actors=check_bool(d.get("reuse_actors", s.reuse_actors), "search.reuse_actors"),
         optuna_storage=_optuna_storage(d.get("optuna_storage")),
         constraints=constraints,
+        time_budget=_time_budget(d.get("time_budget")),
     )
+
+
+def _time_budget(v: Any) -> float | None:
+    return None if v is None else check_float(v, "search.time_budget", 0.0, low_open=True)
 
 
 #: SQLAlchemy URL: ``dialect[+driver]://...`` (sqlite:///path, postgresql://user@host/db)

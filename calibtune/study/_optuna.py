@@ -18,7 +18,7 @@ import contextlib
 import itertools
 import math
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import optuna
@@ -209,12 +209,15 @@ def record_trial(
     state: str,
     values: list[float] | None = None,
     result: dict[str, Any] | None = None,
+    curve: Mapping[int, float] | None = None,
 ) -> bool:
     """Add one ended Tune trial to the persisted Optuna study unless it is there already (by
     `TUNE_TRIAL_ATTR`); returns whether it was added. ``state``: ``COMPLETE`` (with ``values``,
     one per objective), ``FAIL`` or ``PRUNED`` (stopped early by ASHA). A COMPLETE trial of a
     constrained study also gets its constraint values (``result``: its last report) where
-    `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads."""
+    `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads.
+    ``curve``: the first objective per epoch, the trial's intermediate values
+    (`calibtune.study._curves`)."""
     if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
         return False
     dists = distributions(study)
@@ -231,6 +234,7 @@ def record_trial(
         distributions={k: dists[k] for k in params},
         values=values if state == "COMPLETE" else None,
         state=optuna.trial.TrialState[state],
+        intermediate_values=dict(curve or {}),
         user_attrs=user_attrs,
         system_attrs=system_attrs,
     )
@@ -259,12 +263,15 @@ def persist_ended(
     study: StudyConfig,
     storage: str | optuna.storages.BaseStorage,
     ended: list[tuple[str, dict[str, Any], dict[str, Any] | None, bool]],
+    curves: Mapping[str, Mapping[int, float]] | None = None,
 ) -> int:
     """Record ended Tune trials ``(trial id, config, last result, failed)`` in the study's
-    Optuna storage, each once; returns how many were new."""
+    Optuna storage, each once (``curves``: their learning curves by trial id); returns how many
+    were new."""
     ot_study = open_optuna_study(study, storage)
     added = 0
     for trial_id, config, result, error in ended:
         state, values = ended_state(study, result, error)
-        added += record_trial(ot_study, study, trial_id, config, state, values, result)
+        curve = (curves or {}).get(trial_id)
+        added += record_trial(ot_study, study, trial_id, config, state, values, result, curve)
     return added

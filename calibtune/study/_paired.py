@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 
 from calibtune.metrics import bootstrap_indices, bootstrap_top_label, percentile_ci
+from calibtune.study._lineage import check_same_data
 from calibtune.study._results import StudyRef, trials_frame
 from calibtune.study._tracking import PARENT, _client, find_runs
 from calibtune.training import prediction_name
@@ -147,6 +148,8 @@ def paired_table(
         raise ValueError(
             f"--baseline: expected a study with a loss besides {baseline!r}, got only that one"
         )
+    for label, trial in best.items():  # a pairing needs the same test samples, seeds' data too
+        check_same_data(label, trial, best[baseline])
     base = _seed_predictions(ref, best[baseline])
     n = len(next(iter(next(iter(base.values())).values())))
     indices = bootstrap_indices(n, n_resamples, seed=0)

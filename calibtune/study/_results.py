@@ -25,6 +25,7 @@ from calibtune._provenance import LIBRARIES, installed_versions, provenance_comm
 from calibtune.metrics import keys as K
 from calibtune.study._config import load_study
 from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
+from calibtune.study._lineage import data_columns
 from calibtune.study._studydir import StudyDir, StudyDirError
 from calibtune.study._tracking import (
     PARENT,
@@ -103,6 +104,7 @@ def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFram
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
         for k, v in r.data.metrics.items():
             row[K.from_mlflow(k)] = v
+        row.update(data_columns(r))  # data lineage: `data:<context>`
         rows.append(row)
     df = pd.DataFrame(rows)
     if df.empty:

@@ -24,11 +24,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibtune.study._budget import budget_callbacks, budget_message, budget_note
 from calibtune.study._config import StudyConfig, load_study
+from calibtune.study._extend import (
+    added_samples,
+    check_extendable,
+    extended_study,
+    optuna_history,
+)
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
-from calibtune.study._studydir import StudyDir, StudyDirError, StudyState
+from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     TAG_HASH,
@@ -50,7 +57,7 @@ from calibtune.study._trainable import StudyPayload, make_trainable
 # Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)
 # only when a study runs, so that `calibtune dashboard` (`optuna_storage_url`) loads neither.
 
-__all__ = ["StudyOutcome", "resume_study", "run_study", "study_dir"]
+__all__ = ["StudyOutcome", "extend_study", "resume_study", "run_study", "study_dir"]
 
 SIGNAL_EXIT = {"SIGINT": 130, "SIGTERM": 143}
 STORAGE_FULL_EXIT = 75  # sysexits.h EX_TEMPFAIL: free space, then `calibtune resume`
@@ -67,6 +74,7 @@ class StudyOutcome:
     counts: dict[str, int] = field(default_factory=dict)  # MLflow's view: status -> trials
     stopped_by: str | None = None  # "SIGINT", "SIGTERM" or the storage guard's message
     storage_full: bool = False  # stopped because the storage filled up (`_diskfull`)
+    budget_note: str | None = None  # `search.time_budget` spent: what was not run (`_budget`)
 
 
 def study_dir(study: StudyConfig, storage: str | Path | None = None) -> StudyDir:
@@ -105,7 +113,7 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
     return StudyPayload(study, uri, parent.experiment_id, parent.run_id, str(sd.trials_dir))
 
 
-def _searcher(study: StudyConfig) -> Any:
+def _searcher(study: StudyConfig, history: list[Any]) -> Any:
     from ray.tune.search import ConcurrencyLimiter
 
     from calibtune.study._constrained import ConstrainedOptunaSearch
@@ -115,6 +123,7 @@ def _searcher(study: StudyConfig) -> Any:
     mode: Any = objs[0].mode if len(objs) == 1 else [o.mode for o in objs]
     searcher = ConstrainedOptunaSearch(
         constraints=study.search.constraints,
+        history=history,
         space=define_by_run(study),
         metric=metric,
         mode=mode,
@@ -126,7 +135,16 @@ def _searcher(study: StudyConfig) -> Any:
     return ConcurrencyLimiter(searcher, max_concurrent=study.search.max_concurrent)
 
 
-def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: list, verbose: int):
+def _tuner(
+    study: StudyConfig,
+    sd: StudyDir,
+    payload: StudyPayload,
+    callbacks: list,
+    verbose: int,
+    more: tuple[int, list[Any]] | None = None,
+):
+    """Tune over the study's trials, or (``more``: trials to add and the Optuna history they
+    continue, `extend_study`) over that many more."""
     from ray import tune
 
     from calibtune.study._scheduling import make_scheduler
@@ -136,9 +154,9 @@ def _tuner(study: StudyConfig, sd: StudyDir, payload: StudyPayload, callbacks: l
     return tune.Tuner(
         make_trainable(study, payload),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(study),
+            search_alg=_searcher(study, more[1] if more else []),
             scheduler=make_scheduler(study),
-            num_samples=study.search.num_samples,
+            num_samples=more[0] if more else study.search.num_samples,
             reuse_actors=study.search.reuse_actors,
             metric=objs[0].metric if single else None,
             mode=objs[0].mode if single else None,
@@ -161,11 +179,23 @@ def run_study(
     tracking_uri: str | None = None,
     storage: str | Path | None = None,
     verbose: int = 1,
+    more: int = 0,
 ) -> StudyOutcome:
-    """Run (or, if its storage already holds it, continue) a study and return its results."""
+    """Run (or, if its storage already holds it, continue) a study and return its results;
+    ``more`` (or a ``search.num_samples`` raised since the study ran, nothing else changed):
+    add that many trials to the finished study (`extend_study`)."""
     if not isinstance(study, StudyConfig):
         study = load_study(study)
     sd = study_dir(study, storage)
+    if more and not sd.has_tune_state():
+        raise StudyDirError(
+            f"study {study.name}: expected a study that has run in {sd.path} (--more adds trials "
+            "to one), found none; run it without --more first"
+        )
+    if not more and sd.has_tune_state() and (sd.path / STUDY_COPY).is_file():
+        more = added_samples(study, sd.read_study())  # num_samples raised in the study file
+    if more:
+        return extend_study(sd.path, more, address=address, verbose=verbose)
     if sd.has_tune_state():
         return resume_study(sd.path, address=address, verbose=verbose)
     _check_files(study)  # bad input stops here, before anything is written or started
@@ -175,8 +205,39 @@ def run_study(
             init_ray(address, verbose=verbose > 0)
             check_cluster(study)
         payload = _open_parent(study, sd, uri)
-        callbacks = study_callbacks(study, payload, sd.path, optuna_storage_url(study, sd))
+        callbacks = _callbacks(study, sd, payload)
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)
+
+
+def _callbacks(study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> list[Any]:
+    optuna_storage = optuna_storage_url(study, sd)
+    return study_callbacks(study, payload, sd.path, optuna_storage) + budget_callbacks(
+        study.search.time_budget, sd.path
+    )
+
+
+def extend_study(
+    path_or_name: str | Path,
+    more: int,
+    *,
+    address: str | None = None,
+    storage: str | Path | None = None,
+    verbose: int = 1,
+) -> StudyOutcome:
+    """Add ``more`` trials to a study whose trials have all ended: a new Tune round in its
+    folder, continuing its Optuna history and MLflow parent run (`calibtune.study._extend`)."""
+    sd = StudyDir.find(path_or_name, storage)
+    with sd.lock():
+        sd.check_restorable()  # a folder Tune wrote completely: its rounds stay restorable
+        base = sd.read_study()
+        check_extendable(base, sd, sd.read_state(), more)
+        study = extended_study(base, more)
+        history = optuna_history(study, optuna_storage_url(study, sd))
+        init_ray(address, verbose=verbose > 0)
+        check_cluster(study)
+        payload = _open_parent(study, sd, _tracking_uri(study, sd, None))
+        tuner = _tuner(study, sd, payload, _callbacks(study, sd, payload), verbose, (more, history))
+        return _fit(tuner, study, sd, payload)
 
 
 def resume_study(
@@ -253,38 +314,26 @@ def _storage_filesystem() -> Any:
 
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
-    from calibtune.study._diskfull import (
-        silence_disk_full_logs,
-        stop_reason,
-        storage_full,
-        tolerate_full_store,
-    )
+    from calibtune.study._diskfull import silence_disk_full_logs, stop_reason, tolerate_full_store
 
     t0 = time.time()
     retries_note(sd.path, payload.tracking_uri, 0)  # forget an earlier session's
     watch_retries(sd.path)  # one line at the end, not urllib3's warning per retried request
     silence_disk_full_logs()
-    with _graceful_signals() as caught:
-        try:
-            results = tuner.fit()
-        except Exception:
-            if not storage_full(sd.path):
-                finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
-                raise
-            results = None  # e.g. an error file Tune could not write: the study stops below
-        except BaseException:
-            finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
-            raise
+    results, caught = _tune(tuner, sd, payload)
     drain_summaries()  # the per-trial refreshes, before the last one
     full = stop_reason(sd.path) or guard_message(sd.path)
     stopped_by = caught.get("signal") or full
     counts = _counts(payload, study)
+    note = _budget_note(study, sd, counts, stopped_by)
     status = "KILLED" if stopped_by else "FAILED" if counts["finished"] == 0 else "FINISHED"
+    status = "KILLED" if note and counts["finished"] == 0 else status  # a budget, not a failure
     totals = {f"study/trials_{k}": v for k, v in counts.items()}
     totals |= _wall_times(payload, time.time() - t0)
     with tolerate_full_store(full is not None):  # an MLflow store on the full disk
         log_metrics(payload.tracking_uri, payload.parent_run_id, totals)
-    ended = [] if stopped_by else _ended(results)  # an interrupted study's trials resume
+    # an interrupted study's trials resume (the budget's too)
+    ended = [] if stopped_by or note else _ended(results)
     warning = refresh_summary(
         study,
         payload.tracking_uri,
@@ -293,9 +342,9 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         optuna_storage_url(study, sd),
         ended=ended,
     )
-    for note in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
-        if note:
-            print(note, flush=True)
+    for line in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
+        if line:
+            print(line, flush=True)
     with tolerate_full_store(full is not None):
         finish_run(payload.tracking_uri, payload.parent_run_id, status)
     return StudyOutcome(
@@ -308,7 +357,26 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         counts,
         stopped_by,
         storage_full=full is not None and stopped_by == full,
+        budget_note=note,
     )
+
+
+def _tune(tuner: Any, sd: StudyDir, payload: StudyPayload) -> tuple[Any, dict[str, str]]:
+    """``tuner.fit()`` under graceful signal handling: its results (None when the storage filled
+    up under Tune) and the signal caught, if any; the parent run is KILLED on anything else."""
+    from calibtune.study._diskfull import storage_full
+
+    with _graceful_signals() as caught:
+        try:
+            return tuner.fit(), caught
+        except Exception:
+            if not storage_full(sd.path):
+                finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
+                raise
+            return None, caught  # e.g. an error file Tune could not write: the study stops
+        except BaseException:
+            finish_run(payload.tracking_uri, payload.parent_run_id, status="KILLED")
+            raise
 
 
 def _wall_times(payload: StudyPayload, took: float) -> dict[str, float]:
@@ -321,6 +389,17 @@ def _wall_times(payload: StudyPayload, took: float) -> dict[str, float]:
         "study/session_wall_time_s": took,
         "study/sessions": before.get("study/sessions", 0.0) + 1,
     }
+
+
+def _budget_note(
+    study: StudyConfig, sd: StudyDir, counts: dict[str, int], stopped_by: str | None
+) -> str | None:
+    """What a spent ``search.time_budget`` left unrun (None: no budget spent, a signal or the
+    storage guard stopped the study first, or nothing was left)."""
+    budget = budget_message(sd.path)  # read in any case: a later session starts without it
+    if budget is None or stopped_by or counts["unfinished"] <= 0:
+        return None
+    return budget_note(study.name, budget, counts["unfinished"], study.search.num_samples, sd.path)
 
 
 def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:

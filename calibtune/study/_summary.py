@@ -23,6 +23,7 @@ import optuna
 
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
+from calibtune.study._curves import objective_curves
 from calibtune.study._optuna import persist_ended, quiet_optuna
 from calibtune.study._results import (
     StudyRef,
@@ -204,14 +205,17 @@ def refresh_summary(
     ended: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None, bool]] = (),
     figures: bool = True,
 ) -> str | None:
-    """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`), then
+    """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`, with their learning
+    curves: `calibtune.study._curves`), then
     `summarize_study` (``figures``: redraw the study figures; the end of `run`/`resume` always
     does). For the driver: a summary that cannot be written (a store briefly unavailable) never
     stops the study; returns a one-line warning instead."""
     try:
         storage = rdb_storage(optuna_storage) if optuna_storage else None
         if storage is not None and ended:
-            persist_ended(study, storage, list(ended))
+            metric, ids = study.search.objectives[0].metric, [e[0] for e in ended]
+            curves = objective_curves(uri, exp_id, parent_run_id, metric, ids)
+            persist_ended(study, storage, list(ended), curves)
         # only the importances figure reads the Optuna study
         load = storage is not None and figures
         optuna_study = load_optuna_study(study.name, storage) if load else None

@@ -481,7 +481,9 @@ class MlflowTrialCallback:
     an older checkpoint); `on_trial_end` logs only final metrics not there yet. With
     ``figures_for`` (a study's name) the trial leaves its figures to that study's driver
     (`defers_figures`; `render_deferred_figures`); with ``retries_to`` (a study folder) the
-    process it logs from records its retried requests there (`watch_retries`).
+    process it logs from records its retried requests there (`watch_retries`). ``inputs``: the
+    trial's datasets with their digests (`calibtune.study._lineage.trial_inputs`), logged by
+    `on_start` as the run's dataset inputs (once: MLflow keeps one input per dataset and digest).
     Picklable (it travels to the Ray Train worker); the client is created on use.
 
     ``background=True`` (what a study uses) sends each epoch's batch from a thread while the next
@@ -499,8 +501,10 @@ class MlflowTrialCallback:
         background: bool = False,
         figures_for: str | None = None,
         retries_to: str | None = None,
+        inputs: Sequence[Any] = (),
     ) -> None:
         self.uri = uri
+        self.inputs = tuple(inputs)
         self.run_id = run_id
         self.log_bins = log_bins  # every bin of adaptive/{gammas,edges,gap}, not only summaries
         self.background = background
@@ -556,6 +560,9 @@ class MlflowTrialCallback:
         return self._logged
 
     def on_start(self, history: Sequence[Mapping[str, Any]]) -> None:
+        from calibtune.study._lineage import log_data_inputs
+
+        log_data_inputs(self.uri, self.run_id, getattr(self, "inputs", ()))
         for metrics in history:
             self.on_epoch(int(metrics["epoch"]), metrics)
 

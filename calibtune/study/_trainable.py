@@ -29,6 +29,7 @@ from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
+from calibtune.study._lineage import log_data_inputs, trial_inputs
 from calibtune.study._spaces import decode
 from calibtune.study._tracking import (
     TAG_LOSS,
@@ -179,6 +180,9 @@ def _seed_run(
         run_id = seed_run.open(params={**hp, "seed": seed}, tags={TAG_LOSS: hp["loss"]})
     try:
         cfg = T.config_from_dict(trial_dict(study, config, seed, name))
+        inputs = trial_inputs(cfg)  # data lineage: every split and OOD/shift set, digested
+        if seed_run is not None:  # the trial's run holds every seed's data
+            log_data_inputs(payload.tracking_uri, child.run_id, inputs)  # type: ignore[arg-type]
         draws = study.base_config().eval.figures
         logger = MlflowTrialCallback(
             payload.tracking_uri,
@@ -189,6 +193,7 @@ def _seed_run(
             # it looks for them when the study's own trial config draws figures)
             figures_for=study.name if cfg.eval.figures and draws else None,
             retries_to=str(Path(payload.trials_dir).parent),
+            inputs=inputs,
         )
         twin = finished_twin(payload.trials_dir, cfg, name)
         if twin is not None:
@@ -196,6 +201,8 @@ def _seed_run(
         else:
             res = T.run(cfg, callbacks=[logger], storage_path=payload.trials_dir)
             remember_config(payload.trials_dir, cfg, name)
+    except SystemExit:  # Tune ending the trial's actor (a graceful stop): resumable, not failed
+        raise
     except BaseException as exc:
         if seed_run is not None:
             seed_run.fail(failure_reason(exc), traceback.format_exc())
@@ -280,6 +287,8 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     )
     try:
         results = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
+    except SystemExit:  # (see `_seed_run`)
+        raise
     except BaseException as exc:
         child.fail(failure_reason(exc), traceback.format_exc())
         raise
