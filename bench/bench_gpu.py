@@ -38,7 +38,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
-from gpu_check import write_cifar10  # noqa: E402
+from gpu_check import calibtune_cli, write_cifar10  # noqa: E402
 
 
 def bare_loop(args: argparse.Namespace, data: Path, precision: str, resident: bool) -> float:
@@ -89,12 +89,7 @@ def _sync(dev: torch.device) -> None:
 
 
 def _calibtune(*argv: str, cwd: Path) -> str:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "calibtune", *argv], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=1200)  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"calibtune {argv[0]}: {(proc.stderr or proc.stdout)[-400:]}")
-    return proc.stdout
+    return calibtune_cli(argv, cwd, dict(os.environ), timeout=1200)
 
 
 def trial(args: argparse.Namespace, data: Path, work: Path, workers: int) -> tuple[float, str]:

@@ -80,6 +80,22 @@ def _dump(path: Path, obj: object) -> None:
         pickle.dump(obj, f, protocol=2)
 
 
+def calibtune_cli(args: tuple[str, ...], cwd: Path, env: dict[str, str], timeout: float) -> str:
+    """``python -m calibtune ARGS`` of this checkout; its stdout, or RuntimeError with the tail."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "calibtune", *args],
+        cwd=cwd,
+        env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"calibtune {args[0]} exited {proc.returncode}: {' | '.join(tail)}")
+    return proc.stdout
+
+
 class Check:
     """Runs the steps, keeps (step, result, seconds), prints the table."""
 
@@ -95,19 +111,8 @@ class Check:
         self.rows.append((name, result, time.perf_counter() - t0))
         print(f"[gpu-check] {name}: {result} ({self.rows[-1][2]:.1f} s)", flush=True)
 
-    def calibtune(self, *args: str, timeout: float = 600, env: dict | None = None) -> str:
-        proc = subprocess.run(
-            [sys.executable, "-m", "calibtune", *args],
-            cwd=self.work,
-            env={**self.env, **(env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if proc.returncode != 0:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            raise RuntimeError(f"calibtune {args[0]} exited {proc.returncode}: {' | '.join(tail)}")
-        return proc.stdout
+    def calibtune(self, *args: str, timeout: float = 600) -> str:
+        return calibtune_cli(args, self.work, self.env, timeout)
 
     def table(self) -> str:
         lines = ["| step | result | seconds |", "|---|---|---|"]

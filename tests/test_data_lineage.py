@@ -104,3 +104,14 @@ def test_the_trial_callback_logs_each_input_once_with_its_context(tmp_path, ctx)
     (d,) = client.get_run(run_id).inputs.dataset_inputs
     assert (d.dataset.name, d.dataset.digest) == (f"x/{ctx}", "0f")
     assert {t.key: t.value for t in d.tags} == {"mlflow.data.context": ctx}
+
+
+def test_a_trials_inputs_are_the_split_it_trains_on_drawn_with_split_seed():
+    from calibtune.study._lineage import trial_inputs
+    from calibtune.trial import config_from_dict
+
+    cfg = config_from_dict({"seed": 5, "data": {"name": "digits", "ood": [], "shift": []}})
+    assert cfg.data.split_seed == 1
+    ours = {i.name: i.digest for i in trial_inputs(cfg)}
+    split = {i.name: i.digest for i in data_inputs("digits", None, 1, 0.1, (), ())}
+    assert ours == split  # the trial's seed (5) draws no split

@@ -117,18 +117,22 @@ def _data_inputs(
     from ._shift import load_shift, shift_severities
 
     splits = load_splits(dataset, root=root, seed=seed, val_fraction=val_fraction)
-    sets: list[tuple[str, str, Dataset]] = [
-        (f"{dataset}/train", "training", splits.train),
-        (f"{dataset}/val", "validation", splits.val),
-        (f"{dataset}/test", "test", splits.test),
+    out = [
+        DataInput(f"{dataset}/{part}", context, dataset_digest(ds), len(ds))  # type: ignore[arg-type]
+        for part, context, ds in (
+            ("train", "training", splits.train),
+            ("val", "validation", splits.val),
+            ("test", "test", splits.test),
+        )
     ]
+    # one set in memory at a time: a CIFAR-10-C shift list is 95 sets of 10,000 images
     for name in ood:
         for sev in ood_severities(name) or (None,):
             ds = load_ood(name, root, in_distribution=dataset, severity=sev).dataset
-            sets.append((f"ood/{name}" + (f"/s{sev}" if sev else ""), "ood", ds))
+            label = f"ood/{name}" + (f"/s{sev}" if sev else "")
+            out.append(DataInput(label, "ood", dataset_digest(ds), len(ds)))  # type: ignore[arg-type]
     for name in shift:
         for sev in shift_severities(name)["shift"]:
-            sets.append(
-                (f"shift/{name}/s{sev}", "shift", load_shift(name, "shift", sev, root=root))
-            )
-    return tuple(DataInput(n, c, dataset_digest(ds), len(ds)) for n, c, ds in sets)  # type: ignore[arg-type]
+            ds = load_shift(name, "shift", sev, root=root)
+            out.append(DataInput(f"shift/{name}/s{sev}", "shift", dataset_digest(ds), len(ds)))  # type: ignore[arg-type]
+    return tuple(out)

@@ -27,7 +27,8 @@ def trial_inputs(cfg: Any) -> tuple[Any, ...]:
     from calibtune.data import data_inputs
 
     d = cfg.data
-    return data_inputs(d.name, d.root, cfg.seed, d.val_fraction, d.ood, d.shift)
+    # the splits the trial trains on are drawn with data.split_seed, not the trial's seed
+    return data_inputs(d.name, d.root, d.split_seed, d.val_fraction, d.ood, d.shift)
 
 
 def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
