@@ -423,3 +423,23 @@ def test_select_metric_is_checked_like_an_objective(metric: str, expected: str) 
     with pytest.raises(ValueError) as info:
         config_from_dict({"eval": {"select_epoch": "best", "select_metric": metric}})
     assert str(info.value).startswith(expected) and "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_disk_while_saving_tensors_is_an_enospc_oserror() -> None:
+    """Issue 24.1: PyTorch's zip writer given a path reports a full disk as ``RuntimeError:
+    unexpected pos`` (seen in CI: a checkpoint hit the full disk and the trial failed with a
+    traceback instead of the study's one disk-full line). Checkpoints and logits go through
+    `save_tensors`, which raises the ENOSPC the study recognises."""
+    import errno
+
+    from calibtune.study._diskfull import disk_full_text
+    from calibtune.trial._checkpoint import save_tensors
+
+    state = {"w": torch.zeros(100_000)}
+    with pytest.raises(RuntimeError) as raw:
+        torch.save(state, "/dev/full")
+    assert not disk_full_text(str(raw.value))  # why the path form is not used
+    with pytest.raises(OSError) as exc:
+        save_tensors(state, "/dev/full")
+    assert exc.value.errno == errno.ENOSPC and disk_full_text(f"{exc.value!r} {exc.value}")

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calibtune.trial._checkpoint import save_tensors
 from calibtune.trial._config import TrialConfig, save_config
 
 # Lazy: `calibtune.plots` (matplotlib: about a quarter of importing `calibtune.trial` again, by
@@ -76,7 +77,7 @@ def write_artifacts(
             json.dumps(jsonable(data), indent=1 if name == "metrics.json" else None)
         )
     (art / "history.jsonl").write_text("".join(json.dumps(jsonable(h)) + "\n" for h in history))
-    torch.save({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
+    save_tensors({k: v.contiguous() for k, v in logits.items()}, art / "logits.pt")
     # per-sample test confidence/correctness per method: what `report --baseline` resamples
     np.savez_compressed(art / "test_predictions.npz", **final.predictions)
     if cfg.eval.figures and figures:

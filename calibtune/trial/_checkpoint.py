@@ -27,6 +27,7 @@ __all__ = [
     "prune_local_checkpoints",
     "restore_rng",
     "save_state",
+    "save_tensors",
 ]
 
 CHECKPOINT_FILE = "state.pt"
@@ -81,9 +82,19 @@ def save_state(
         "scaler": dict(scaler or {}),  # fp16's GradScaler (`calibtune.training.Precision`)
     }
     tmp = d / (CHECKPOINT_FILE + ".tmp")
-    torch.save(state, tmp)
+    save_tensors(state, tmp)
     os.replace(tmp, d / CHECKPOINT_FILE)
     return d / CHECKPOINT_FILE
+
+
+def save_tensors(obj: Any, path: str | os.PathLike[str]) -> None:
+    """``torch.save(obj, path)`` through a Python file object.
+
+    Given a path, PyTorch's zip writer reports a full disk as ``RuntimeError: … unexpected pos``;
+    through a file object the write raises ``OSError(ENOSPC)``, which the study recognises as a
+    full disk (one line, resumable) instead of a failed trial."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def load_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
