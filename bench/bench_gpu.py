@@ -1,8 +1,9 @@
 """The GPU benchmark of issue 21, in one run on one device (`make gpu-check GPU_CHECK_ARGS=--bench`
 or ``python bench/bench_gpu.py``).
 
-Rows, all ResNet-50 at batch 128 on CIFAR-10-format data (45,000 training images written in the
-official format; ``--small``: small_cnn, 2,000 images), one torch thread as in a trial:
+Rows, all ResNet-50 (``--model``: another registered network) at batch 128 on CIFAR-10-format
+data (45,000 training images written in the official format; ``--small``: small_cnn, 2,000
+images), one torch thread as in a trial:
 
 1. **bare loop, fp32, DataLoader** — a plain PyTorch loop over the dataset's batched fetch
    (the project's data pipeline before issue 21, ``loader_workers`` processes);
@@ -155,12 +156,17 @@ def main() -> int:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--loader-workers", type=int, default=4)
+    ap.add_argument(
+        "--model",
+        help="network of rows 1-5 (default resnet50; small_cnn with --small): a paper study's "
+        "seconds per epoch are 45,000 / its network's fp32 images/s",
+    )
     args = ap.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         print("bench_gpu: needs a CUDA GPU (none is visible here)")
         return 0
     args.device = torch.device("cpu" if args.cpu else "cuda")
-    args.model = "small_cnn" if args.small else "resnet50"
+    args.model = args.model or ("small_cnn" if args.small else "resnet50")
     torch.set_num_threads(1)
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="calibtune-bench-gpu-") as tmp:

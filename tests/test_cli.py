@@ -162,3 +162,17 @@ def test_the_calibtune_executable_and_dash_m_exit_through_command() -> None:
     assert script.value == "calibtune.cli:command"
     main_py = Path(__file__).parents[1] / "calibtune" / "__main__.py"
     assert "command()" in main_py.read_text()
+
+
+def test_submit_leaves_the_datasets_out_but_ships_the_whole_package():
+    # the job's working directory is the project as Ray packs it: `data/` (the datasets) and
+    # run outputs stay behind, every file of calibtune/ travels (calibtune/data included)
+    from ray._private.runtime_env.packaging import _get_excludes
+
+    from calibtune.study._jobs import JOB_EXCLUDES
+
+    root = Path(__file__).resolve().parents[1]
+    excluded = _get_excludes(root, list(JOB_EXCLUDES))
+    assert not [p for p in (root / "calibtune").rglob("*.py") if excluded(p)]
+    for name in ("data", "runs", ".venv", "mlflow.db", "exported", "x.pt", "runs/a/b.pt"):
+        assert excluded(root / name), name

@@ -123,7 +123,7 @@ def check(key: str, actual: Any, expected: Any) -> None:
 
 
 def test_every_paper_study_has_a_card_and_every_card_a_study() -> None:
-    assert len(PAPER_STUDIES) == 5
+    assert len(PAPER_STUDIES) == 9  # five papers, and four OOD studies on the papers' networks
     assert sorted(CARD_ROWS) == PAPER_STUDIES
 
 
@@ -234,3 +234,83 @@ def test_card_parser_reads_rows_and_values() -> None:
             ("TS grid", "posthoc.ts.temperatures", {"first": 0.1, "last": 10.0, "step": 0.1}),
         ]
     }
+
+
+# issue 22, item 3: the OOD tables of Mukhoti et al. and Ghosh et al. (App. K, Table 8) are on
+# ResNet-110 (the authors' code's bottleneck network) and Wide-ResNet-26-10, with T chosen on
+# equal-width ECE; one study per paper and network, so `report` never mixes two networks.
+OOD_STUDIES = {
+    "studies/mukhoti2020_ood_resnet110_cifar10.yaml": "resnet110_bottleneck",
+    "studies/mukhoti2020_ood_wrn26_10_cifar10.yaml": "wide_resnet26_10",
+    "studies/ghosh2022_adafocal_ood_resnet110_cifar10.yaml": "resnet110_bottleneck",
+    "studies/ghosh2022_adafocal_ood_wrn26_10_cifar10.yaml": "wide_resnet26_10",
+}
+
+
+@pytest.mark.parametrize("path", sorted(OOD_STUDIES))
+def test_ood_studies_use_the_papers_networks_and_t_criterion(path: str) -> None:
+    study = load_study(ROOT / path)
+    base = study.base_config()
+    assert path in PAPER_STUDIES
+    assert base.model.name == OOD_STUDIES[path]
+    assert build_posthoc("ts", **base.eval.posthoc["ts"]).criterion == "ece"  # equal-width
+    assert list(base.data.ood) == ["svhn", "cifar10c"]
+    assert OOD_SETS.get("cifar10c").defaults()["severity"] == 5
+    labels = [c.label for c in study.losses]
+    six = ["cross_entropy", "brier", "mmce", "label_smoothing", "focal_g3", "flsd53"]
+    assert labels == six + (["adafocal"] if "ghosh2022" in path else [])
+    assert study.loss("focal_g3").loss.space.fixed == {"gamma": 3.0}
+
+
+def test_resnet50_cards_point_their_ood_numbers_to_the_ood_studies() -> None:
+    text = CARDS.read_text()
+    for paper, resnet50 in [("mukhoti2020", "focal"), ("ghosh2022", "adafocal")]:
+        section = text.split(f"`studies/{paper}_{resnet50}_cifar10.yaml`\n")[1].split("\n## ")[0]
+        assert "OOD numbers of this study are ResNet-50's" in section, paper
+        for path in OOD_STUDIES:
+            if paper in path:
+                assert f"`{path}`" in section, (paper, path)
+
+
+# issue 22, item 6: the size of every paper study and the command that submits it
+_SIZE_ROW = re.compile(
+    r"^\| `(?P<path>studies/[^`]+)` \| (?P<arms>\d+) \| (?P<seeds>\d+) \| (?P<epochs>\d+) "
+    r"\| (?P<total>\d+) \|$"
+)
+
+
+def trial_epochs(study: Any) -> tuple[int, int, int, int]:
+    """(arms, seeds, epochs, trial-epochs) of a grid study: every grid point once per seed."""
+    arms, seeds = study.search.num_samples, len(study.search.seeds)
+    epochs = study.base_config().train.epochs
+    return arms, seeds, epochs, arms * seeds * epochs
+
+
+def test_size_table_is_recomputed_from_the_studies() -> None:
+    rows = {
+        m["path"]: tuple(int(m[k]) for k in ("arms", "seeds", "epochs", "total"))
+        for line in CARDS.read_text().splitlines()
+        if (m := _SIZE_ROW.match(line))
+    }
+    assert sorted(rows) == PAPER_STUDIES
+    for path, row in rows.items():
+        study = load_study(ROOT / path)
+        assert study.search.sampler == "grid" and not study.space.dists, path
+        assert row == trial_epochs(study), path
+
+
+def test_submit_commands_name_the_studies_and_parse() -> None:
+    import shlex
+
+    from calibtune.cli import build_parser
+
+    lines = [ln for ln in CARDS.read_text().splitlines() if ln.startswith("calibtune submit ")]
+    parser = build_parser()
+    seen = []
+    for line in lines:
+        args = parser.parse_args(shlex.split(line)[1:])  # parsing only: nothing is submitted
+        assert args.command == "submit" and args.address == "http://HEAD:8265", line
+        assert args.storage and args.tracking_uri, line
+        assert (ROOT / args.study).is_file(), line
+        seen.append(args.study)
+    assert sorted(seen) == PAPER_STUDIES

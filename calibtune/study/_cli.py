@@ -19,7 +19,7 @@ from typing import Any
 from calibtune._commands import Command, arg
 from calibtune._usage import usage
 from calibtune.study._display import quiet_output
-from calibtune.study._jobs import follow, job_client, project_root, submit_job
+from calibtune.study._jobs import JOB_EXCLUDES, follow, job_client, project_root, submit_job
 from calibtune.study._preflight import (
     check_dir,
     check_out_file,
@@ -296,7 +296,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             entrypoint=entry,
             runtime_env={
                 "working_dir": str(root),
-                "excludes": [".venv", "runs", "mlflow.db", ".git", "exported", "*.pt", "data"],
+                "excludes": list(JOB_EXCLUDES),
                 "env_vars": {
                     "CALIBTUNE_STUDY_YAML": self_contained(study),
                     **({"CALIBTUNE_DEBUG": "1"} if os.environ.get("CALIBTUNE_DEBUG") else {}),

@@ -17,7 +17,11 @@ from calibtune.study._raycluster import client_token_auth
 # Lazy: Ray's job client is imported by the cluster subcommands alone (submit, status, logs),
 # so that `calibtune --help` does not import Ray (bench/bench_cli.py).
 
-__all__ = ["follow", "job_client", "project_root", "ray_address", "submit_job"]
+__all__ = ["JOB_EXCLUDES", "follow", "job_client", "project_root", "ray_address", "submit_job"]
+
+# Left out of the job's working directory (gitignore patterns, as Ray reads them). Anchored with
+# "/": a bare "data" also matches the package calibtune/data, which the job then cannot import.
+JOB_EXCLUDES = ("/.venv", "/runs", "/mlflow.db", "/.git", "/exported", "*.pt", "/data")
 
 # the head's job agent starts a few seconds after its dashboard answers
 _AGENT_WAIT_S = 60.0
