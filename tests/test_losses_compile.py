@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters
 import calibtune.losses._compile as C
 from calibtune.losses import build_loss, compile_loss, list_losses
 from calibtune.trial import config_from_dict, run
+from calibtune.trial._config import config_to_dict
 from tests.test_losses import (
     _logits,
     _ref_brier,
@@ -181,7 +182,25 @@ def test_bad_inputs_raise_the_eager_error_and_keep_compiling(monkeypatch) -> Non
 )
 def test_trial_config_key(value, mode) -> None:
     loss = {"name": "focal"} if value is None else {"name": "focal", "compile": value}
-    assert config_from_dict({"name": "t", "loss": loss}).loss.compile == mode
+    cfg = config_from_dict({"name": "t", "loss": loss})
+    assert cfg.loss.compile == mode
+    assert config_from_dict(config_to_dict(cfg)).loss == cfg.loss
+
+
+@pytest.mark.slow
+def test_mixup_steps_reuse_one_compiled_graph() -> None:
+    eager, compiled = _pair("regmixup")
+    z, y = _logits(16, 5, seed=12)
+    graphs = None
+    for step in range(3):  # a fresh batch transform (λ, partners) every step
+        torch.manual_seed(step)
+        x, t = compiled.batch_transform(z, y)
+        v, g = _value_grad(compiled, x, t)
+        ev, eg = _value_grad(eager, x, t)
+        torch.testing.assert_close(v, ev)
+        torch.testing.assert_close(g, eg)
+        graphs = _graphs() if graphs is None else graphs
+    assert _graphs() == graphs, "a new mixed batch recompiled the loss"
 
 
 def test_trial_config_rejects_a_bad_value_in_one_line() -> None:

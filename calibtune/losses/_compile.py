@@ -130,6 +130,7 @@ def _own_forward(loss: nn.Module) -> Callable[..., torch.Tensor]:
     fn = type(loss).forward
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(_instances)}")
     own = types.FunctionType(code, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    own.__kwdefaults__ = fn.__kwdefaults__
     return types.MethodType(own, loss)
 
 
