@@ -15,7 +15,11 @@ images), one torch thread as in a trial:
    wall time against its epochs' time;
 6. **packed study**: 4 small_cnn trials (2 epochs) with ``{GPU: 0.25}`` against the same study
    one at a time (``{GPU: 1}``): wall-time ratio;
-7. the loss table: ``bench/bench_losses.py --device cuda --rounds 10``.
+7. the loss table: ``bench/bench_losses.py --device cuda --rounds 10``;
+8. the compiled loss table (issue 21 item 6): ``bench/bench_losses.py --device cuda --rounds 10
+   --compiled-only`` — every loss but mmce through ``torch.compile`` vs eager vs
+   ``F.cross_entropy`` at B = 128, 1024 × K = 10, 100, 1000 (``--small``: focal and adafocal,
+   2 rounds).
 
 Images/s of the bare loops: the median of the epochs after the first (``--epochs``, default 3).
 Prints a markdown table with the device and torch version; numbers go to bench/README.md only
@@ -187,6 +191,8 @@ def main() -> int:
     losses = [sys.executable, str(ROOT / "bench" / "bench_losses.py"), "--device",
               args.device.type, "--rounds", "10" if not args.small else "2"]  # fmt: skip
     print(subprocess.run(losses, capture_output=True, text=True, cwd=ROOT).stdout)
+    compiled = [*losses, "--compiled-only", *(["--losses", "focal,adafocal"] if args.small else [])]
+    print(subprocess.run(compiled, capture_output=True, text=True, cwd=ROOT).stdout)
     return 0
 
 

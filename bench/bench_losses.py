@@ -30,7 +30,13 @@ Also times ``AdaFocalLoss.update`` on 5000 × 100 validation probabilities (targ
 for reference, AdaFocal written the way the seed code does it (a Python loop over the samples with
 ``.item()`` to look up each γ; re-typed here, not imported) against ours at the same sizes.
 
-Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30] [--losses mbls,dca]``.
+**Compiled table** (``--compile``; ``--compiled-only`` prints it alone; issue 21 item 6): after
+the default output, each loss except ``mmce`` at B = 128 and 1024 × K = 10, 100, 1000 through
+`calibtune.losses.compile_loss` (mode ``on``) against the same loss eager, both as ratios to
+``F.cross_entropy`` timed alongside (target: compiled <= 1.5× on CUDA), with each cell's compile
+time; a cell that fell back to eager says so. Without these flags the output is unchanged.
+
+Run: ``python bench/bench_losses.py [--device cuda] [--rounds 30] [--losses mbls,dca] [--compile]``.
 """
 
 from __future__ import annotations
@@ -45,7 +51,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from calibtune.losses import CalibrationLoss, build_loss, list_losses
+from calibtune.losses import CalibrationLoss, build_loss, compile_loss, list_losses
 
 SIZES = [(128, 10), (128, 100), (1024, 1000)]
 TARGETS = {(128, 100): 1.5, (1024, 1000): 1.2}
@@ -135,15 +141,22 @@ def _faults() -> int:
 
 
 def bench_loss(
-    name: str, b: int, k: int, rounds: int, device: torch.device
+    name: str,
+    b: int,
+    k: int,
+    rounds: int,
+    device: torch.device,
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[float, float, float, float]:
     """The median over rounds of loss time / cross-entropy time (each round's pair runs back to
     back, so a load change between rounds cancels), both median times (s per step), and the
-    reference's median minor page faults per step."""
+    reference's median minor page faults per step. ``loss``: time this one instead of ``name``'s
+    default (the compiled table)."""
     g = torch.Generator().manual_seed(b + k)
     z = torch.randn(b, k, generator=g).mul_(2).to(device).requires_grad_(True)
     y = torch.randint(0, k, (b,), generator=g).to(device)
-    loss = FLOORS[name] if name in FLOORS else _prepared(name, device)
+    if loss is None:
+        loss = FLOORS[name] if name in FLOORS else _prepared(name, device)
 
     def run_loss() -> None:
         z.grad = None
@@ -164,6 +177,46 @@ def bench_loss(
         faults.append((_faults() - f0) / n)
     ratio = statistics.median(a / b for a, b in zip(t_loss, t_ce, strict=True))
     return ratio, statistics.median(t_loss), statistics.median(t_ce), statistics.median(faults)
+
+
+COMPILED_SIZES = [(b, k) for b in (128, 1024) for k in (10, 100, 1000)]
+COMPILED_TARGET = 1.5  # issue 21 item 6, on CUDA
+
+
+def _compiled_cell(name: str, b: int, k: int, rounds: int, device: torch.device) -> str:
+    """``compiled× / eager×`` (both vs F.cross_entropy) and the compile time, one cell."""
+    torch._dynamo.reset()  # a fresh cache per cell: no recompile limit across cells
+    loss = compile_loss(_prepared(name, device), "on", device)
+    z = torch.randn(b, k, device=device, requires_grad=True)
+    y = torch.randint(0, k, (b,), device=device)
+    clock = time.perf_counter
+    _sync(device)
+    t0 = clock()
+    loss(z, y).backward()  # compiles forward and backward for this shape
+    _sync(device)
+    compile_s = clock() - t0
+    fwd = loss.forward
+    if fwd.compiled is None:
+        return f"eager fallback ({fwd.reason})"
+    ratio, sec, _, _ = bench_loss(name, b, k, rounds, device, loss)
+    eager, _, _, _ = bench_loss(name, b, k, rounds, device)
+    flag = " over" if device.type == "cuda" and ratio > COMPILED_TARGET else ""
+    return f"{ratio:.2f}×{flag} / {eager:.2f}× ({sec * 1e6:.0f} µs; compile {compile_s:.0f} s)"
+
+
+def compiled_table(names: list[str], rounds: int, device: torch.device) -> None:
+    """The compiled table (``--compile``): every loss but mmce at `COMPILED_SIZES`."""
+    print(
+        f"\ncompiled (calibtune.losses.compile_loss, mode 'on') / eager, each vs F.cross_entropy; "
+        f"target compiled <= {COMPILED_TARGET}× on CUDA"
+    )
+    print("| loss | " + " | ".join(f"B={b}, K={k}" for b, k in COMPILED_SIZES) + " |")
+    print("|---" * (len(COMPILED_SIZES) + 1) + "|")
+    for name in names:
+        if name == "mmce" or name in FLOORS:
+            continue
+        cells = [_compiled_cell(name, b, k, rounds, device) for b, k in COMPILED_SIZES]
+        print(f"| `{name}` | " + " | ".join(cells) + " |", flush=True)
 
 
 def count_ops(name: str, b: int = 128, k: int = 100) -> int:
@@ -261,6 +314,14 @@ def main() -> None:
         action="store_true",
         help="leave glibc's trimming on (the reference may then page-fault)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="then the compiled table: each loss through torch.compile vs eager vs cross-entropy",
+    )
+    parser.add_argument(
+        "--compiled-only", action="store_true", help="the compiled table alone (bench/bench_gpu.py)"
+    )
     args = parser.parse_args()
     device = torch.device(args.device)
     kept = device.type == "cpu" and not args.allocator_default and keep_freed_memory()
@@ -272,6 +333,9 @@ def main() -> None:
         "rounds of each round's ratio (median loss µs / median cross-entropy µs)"
     )
     names = args.losses.split(",") if args.losses else [*list_losses(), *FLOORS]
+    if args.compiled_only:
+        compiled_table(names, args.rounds, device)
+        return
     header = "| loss | " + " | ".join(f"B={b}, K={k}" for b, k in SIZES) + " | ATen ops |"
     print(header)
     print("|---" * (len(SIZES) + 2) + "|")
@@ -299,6 +363,8 @@ def main() -> None:
     print(f"seed-style per-sample AdaFocal loop / ours (fwd+bwd): {cells}")
     ms = bench_update(device) * 1e3
     print(f"AdaFocal update, 5000 × 100 validation probabilities: {ms:.2f} ms (target <= 20 ms)")
+    if args.compile:
+        compiled_table(names, args.rounds, device)
 
 
 if __name__ == "__main__":

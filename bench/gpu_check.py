@@ -2,7 +2,8 @@
 
 Steps (each timed; any failure makes the exit status 1):
 
-1. the suite's CUDA tests (losses, metrics, post-hoc on CUDA);
+1. the suite's CUDA tests (losses, compiled losses against the float64 reference, metrics,
+   post-hoc on CUDA);
 2. CIFAR-10 in the official python-pickle format (50,000/10,000 images with learnable class
    patterns) and SVHN's ``test_32x32.mat``, written to a temporary folder;
 3. a ResNet-50 trial, 2 epochs, local mode (``num_workers: 0``), OOD svhn + cifar10c, ``ts``;
@@ -261,7 +262,8 @@ def gpu_to_cpu(c: Check, args: argparse.Namespace, data: Path) -> str:
 def cuda_tests(c: Check) -> str:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "cuda",
-         "tests/test_losses.py", "tests/test_metrics.py", "tests/test_posthoc.py"],
+         "tests/test_losses.py", "tests/test_losses_compile.py", "tests/test_metrics.py",
+         "tests/test_posthoc.py"],
         cwd=ROOT, env=c.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]

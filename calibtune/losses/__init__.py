@@ -11,12 +11,15 @@ loss's hyperparameters (defaults, valid ranges, ``searchable``). Adaptive losses
 (``regmixup``, ``rankmixup``, ``rankmixup_mrl``) has ``batch_transform(x, y)``, which the training
 loop applies to each training batch (`mixup_batch`: clean rows, then mixed copies, and the
 `MixedTargets` the loss takes).
+``compile_loss(loss, mode, device)`` runs a module's forward through ``torch.compile`` (``mode``
+``auto``: on CUDA only), falling back to the eager path with one warning if compiling fails.
 The pure functions are in `calibtune.losses.functional`. See docs/losses.md for the table.
 """
 
 from . import functional
 from ._adafocal import AdaDualFocalLoss, AdaFocalLoss, CalFocalLoss
 from ._base import CalibrationLoss
+from ._compile import COMPILE_MODES, compile_loss
 from ._flsd import flsd_from_p0
 from ._mixup import MixedTargets, mixup_batch
 from ._mixup_modules import RankMixupLoss, RankMixupMRLLoss, RegMixupLoss  # issue 23
@@ -36,6 +39,7 @@ from ._registry import LOSSES, build_loss, list_losses
 from ._regularized_modules import DCALoss, LogitNormLoss, MbLSLoss, MDCALoss  # issue 14
 
 __all__ = [
+    "COMPILE_MODES",
     "LOSSES",
     "REDUCTIONS",
     "AdaDualFocalLoss",
@@ -60,6 +64,7 @@ __all__ = [
     "RankMixupMRLLoss",
     "RegMixupLoss",
     "build_loss",
+    "compile_loss",
     "flsd_from_p0",
     "functional",
     "list_losses",

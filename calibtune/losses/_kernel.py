@@ -261,7 +261,11 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         reduction, a, c_y, in_dtype = ctx.setup
         g = expand_reduced_grad(grad_out.to(logp.dtype), reduction, logp.shape[0])
         # dℓ/dz = p − s: log-softmax's backward of −s (ΣG = −1), scaled by the incoming gradient
-        neg_s = torch.full_like(logp, -a).scatter_(1, targets.unsqueeze(1), -a - c_y)
+        neg_s = torch.full_like(logp, -a)
+        at_y: float | torch.Tensor = -a - c_y
+        if torch.compiler.is_compiling():  # inductor rounds a scalar scatter value to float32
+            at_y = neg_s.new_full((logp.shape[0], 1), at_y)
+        neg_s.scatter_(1, targets.unsqueeze(1), at_y)
         grad = torch._log_softmax_backward_data(neg_s, logp, 1, logp.dtype).mul_(_col(g))
         return _as(grad, in_dtype), *(None,) * 4
 

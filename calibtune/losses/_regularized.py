@@ -83,6 +83,8 @@ def _reused(like: torch.Tensor, slot: str) -> torch.Tensor:
     may keep one as an attribute and a backward may return one as a detached alias (`_as_grad`);
     one per slot, dtype and device.
     """
+    if torch.compiler.is_compiling():  # traced (`compile_loss`): the allocator is inductor's
+        return torch.empty(like.shape, dtype=like.dtype, device=like.device)
     key = (slot, like.dtype, like.device)
     buf = _POOL.bufs.get(key)
     if buf is None or buf.shape != like.shape or _in_use(buf):

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from calibtune import data as D
 from calibtune._failpoints import failpoint
 from calibtune.data import load_splits
+from calibtune.losses import compile_loss
 from calibtune.metrics import keys as K
 from calibtune.models import build_model
 from calibtune.training import (
@@ -164,6 +165,7 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
         build_model(cfg.model.name, splits.num_classes, splits.input_shape).to(device)
     )
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
+    loss_fn = compile_loss(loss_fn, cfg.loss.compile, device)
     optimizer = _optimizer(cfg, net.parameters())
     # augmentation draws differ per rank; model init (above) is identical on all ranks
     torch.manual_seed(cfg.seed * 7919 + 1 + rank)
