@@ -17,9 +17,11 @@ images), one torch thread as in a trial:
    one at a time (``{GPU: 1}``): wall-time ratio;
 7. the loss table: ``bench/bench_losses.py --device cuda --rounds 10``;
 8. the compiled loss table (issue 21 item 6): ``bench/bench_losses.py --device cuda --rounds 10
-   --compiled-only`` — every loss but mmce through ``torch.compile`` vs eager vs
+   --compiled-only`` — the losses of ``--compiled-losses`` (default: one of each kernel family,
+   ``COMPILED_DEFAULT``; ``all``: every loss but mmce) through ``torch.compile`` vs eager vs
    ``F.cross_entropy`` at B = 128, 1024 × K = 10, 100, 1000 (``--small``: focal and adafocal,
-   2 rounds).
+   2 rounds). Each cell compiles once, so all 18 losses are 108 compilations: more than one
+   10-minute command on the lent GPU machine.
 
 Images/s of the bare loops: the median of the epochs after the first (``--epochs``, default 3).
 Prints a markdown table with the device and torch version; numbers go to bench/README.md only
@@ -154,12 +156,18 @@ BARE = [
 ]
 
 
+# one loss per kernel: the fused p_y kernel (focal, AdaFocal's schedule, dual focal, FCL's Brier
+# term), label smoothing's scatter, and a regularised loss (MbLS)
+COMPILED_DEFAULT = "focal,adafocal,dual_focal,fcl,label_smoothing,mbls"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--loader-workers", type=int, default=4)
+    ap.add_argument("--compiled-losses", default=COMPILED_DEFAULT, help="row 8's losses, or all")
     ap.add_argument(
         "--model",
         help="network of rows 1-5 (default resnet50; small_cnn with --small): a paper study's "
@@ -191,7 +199,8 @@ def main() -> int:
     losses = [sys.executable, str(ROOT / "bench" / "bench_losses.py"), "--device",
               args.device.type, "--rounds", "10" if not args.small else "2"]  # fmt: skip
     print(subprocess.run(losses, capture_output=True, text=True, cwd=ROOT).stdout)
-    compiled = [*losses, "--compiled-only", *(["--losses", "focal,adafocal"] if args.small else [])]
+    which = "focal,adafocal" if args.small else args.compiled_losses
+    compiled = [*losses, "--compiled-only", *([] if which == "all" else ["--losses", which])]
     print(subprocess.run(compiled, capture_output=True, text=True, cwd=ROOT).stdout)
     return 0
 
