@@ -258,8 +258,9 @@ def run_studies(paths: Mapping[str, Path], storage: Path, tracking_uri: str) -> 
 
 
 def trained_by(storage: Path, names: Sequence[str]) -> dict[str, str]:
-    """The `code_digest` recorded when each study ran ("unknown" for a study run before the
-    record existed): a reused study keeps the digest of the code that trained it."""
+    """The `code_digest` recorded when each study (by its `STUDIES` key) ran ("unknown" for a
+    study run before the record existed): a reused study keeps the digest of the code that
+    trained it."""
     codes = storage / "code.json"
     digests = json.loads(codes.read_text()) if codes.exists() else {}
     return {n: digests.get(n, "unknown") for n in names}
@@ -591,8 +592,8 @@ def render_multiplicity(studies: Sequence[StudyData]) -> list[str]:
         f"**Multiplicity.** The Summary makes {m} tests at {K_SE:g}·se. Each, were the two arms "
         f"equal, calls a difference with probability ≈ {100 * rate:.1f} % (normal "
         f"approximation; with {max(v.n for _, _, v in tested)} seeds the se is itself "
-        "estimated, so somewhat more), i.e. about "
-        f"{m * rate:.1f} of the {called} non-inconclusive verdicts could be chance. Holding the "
+        f"estimated, so somewhat more): were every pair of arms equal, about {m * rate:.1f} of "
+        f"the {m} tests would still give a verdict ({called} did). Holding the "
         f"family-wise error at {100 * FAMILY_ALPHA:g} % (Bonferroni, |d| > {z:.2f}·se) keeps "
         f"{len(survive)} of them: " + ("; ".join(survive) or "none") + ".",
     ]
@@ -970,7 +971,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     figures = copy_figures(studies, args.img)
     if times:
         times["read-back and page"] = time.monotonic() - start
-    digests = trained_by(storage, [s.name for s in studies])
+    digests = trained_by(storage, [s.dataset for s in studies])
     stamp = (
         _stamp()
         + f" {digest_sentence(digests)}"
