@@ -271,6 +271,8 @@ def timeline(
     trials = []
     for res in study.glob("study_trainable_*/result.json"):
         rows = [json.loads(line) for line in res.read_text().splitlines() if line.strip()]
+        if not rows or rows[-1]["trial_id"] not in ends:
+            continue  # a reused configuration (issue 24): no training, no epochs to time
         end = ends[rows[-1]["trial_id"]] / 1000
         trials.append(
             {
