@@ -287,3 +287,27 @@ def test_an_arm_reduction_reaches_its_trials_and_the_saved_study(tmp_path):
     assert focal.loss.reduction == "sum" and focal.loss.build().reduction == "sum"
     assert ce.loss.reduction == "mean"
     assert yaml.safe_load(self_contained(study))["losses"][1]["reduction"] == "sum"
+
+
+def test_an_arm_compile_mode_reaches_its_trials_and_bad_values_are_refused(tmp_path):
+    # issue 21, item 6: losses[i].compile is the trial's loss.compile for that arm only, so a
+    # study can turn torch.compile off (or on) per arm; YAML's bare off/on are read as such
+    from calibtune.study._studydir import self_contained
+    from calibtune.trial import config_from_dict
+
+    path = tmp_path / "s.yaml"
+    text = yaml.safe_dump(_with("losses", ["cross_entropy"]))
+    arm = "- {name: focal, compile: off}"  # a bare off: YAML 1.1's boolean
+    path.write_text(text.replace("- cross_entropy", f"- cross_entropy\n{arm}"))
+    study = load_study(path)
+    assert [c.compile for c in study.losses] == ["auto", "off"]
+    focal = config_from_dict(trial_dict(study, {"loss": "focal"}, seed=1, name="x"))
+    ce = config_from_dict(trial_dict(study, {"loss": "cross_entropy"}, seed=1, name="y"))
+    assert focal.loss.compile == "off" and ce.loss.compile == "auto"
+    assert yaml.safe_load(self_contained(study))["losses"][1]["compile"] is False  # as written
+    path.write_text(yaml.safe_dump(_with("losses", [{"name": "focal", "compile": "always"}])))
+    with pytest.raises(StudyError) as err:
+        load_study(path)
+    assert str(err.value).endswith(
+        "losses[0].compile: expected one of 'auto', 'on', 'off', got 'always'"
+    )

@@ -61,7 +61,7 @@ SEARCH_KEYS = (
 #: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
 CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
 TRACKING_KEYS = ("uri", "experiment")
-LOSS_KEYS = ("name", "label", "space", "params", "reduction")
+LOSS_KEYS = ("name", "label", "space", "params", "reduction", "compile")
 
 
 class StudyError(ValueError):
@@ -76,12 +76,14 @@ class Objective:
 
 @dataclass(frozen=True)
 class LossChoice:
-    """One arm of the study: a registered loss with its search space (``label`` is unique) and
-    the trial's ``loss.reduction`` for it (``sum`` to train the arm as its authors' code did)."""
+    """One arm of the study: a registered loss with its search space (``label`` is unique),
+    the trial's ``loss.reduction`` for it (``sum`` to train the arm as its authors' code did)
+    and its ``loss.compile`` (``auto``: through ``torch.compile`` on CUDA only)."""
 
     label: str
     loss: LossSpace
     reduction: str = "mean"
+    compile: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -323,8 +325,6 @@ def _tracking(raw: Any) -> TrackingConfig:
 
 
 def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
-    from calibtune.trial import LOSS_REDUCTIONS
-
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not raw:
         raise StudyError(f"losses: expected a non-empty list of losses, got {excerpt(raw)}")
     out: list[LossChoice] = []
@@ -364,14 +364,28 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
                 f"{where}: expected distinct losses (set label: to compare two spaces of one "
                 f"loss), got {excerpt(label)} twice"
             )
-        reduction = item.get("reduction", "mean")
-        if reduction not in LOSS_REDUCTIONS:
-            raise StudyError(
-                f"{where}.reduction: expected one of "
-                f"{', '.join(repr(r) for r in LOSS_REDUCTIONS)}, got {excerpt(reduction)}"
-            )
-        out.append(LossChoice(label, ls, reduction))
+        out.append(LossChoice(label, ls, *_arm_options(item, where)))
     return tuple(out)
+
+
+def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str]:
+    """An arm's ``reduction`` and ``compile`` (the trial's ``loss.reduction``/``loss.compile``)."""
+    from calibtune.trial import LOSS_COMPILE, LOSS_REDUCTIONS
+
+    reduction = item.get("reduction", "mean")
+    mode = item.get("compile", "auto")
+    if isinstance(mode, bool):  # YAML 1.1 reads a bare on/off as a boolean
+        mode = "on" if mode else "off"
+    for key, value, choices in (
+        ("reduction", reduction, LOSS_REDUCTIONS),
+        ("compile", mode, LOSS_COMPILE),
+    ):
+        if value not in choices:
+            raise StudyError(
+                f"{where}.{key}: expected one of "
+                f"{', '.join(repr(c) for c in choices)}, got {excerpt(value)}"
+            )
+    return reduction, mode
 
 
 def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:

@@ -87,7 +87,12 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
     base = copy.deepcopy(dict(study.trial))
     overrides = [f"{k}={json.dumps(v)}" for k, v in sorted((sampled.get("trial") or {}).items())]
     d = apply_overrides(base, overrides)
-    d["loss"] = {"name": choice.loss.loss, "params": params, "reduction": choice.reduction}
+    d["loss"] = {
+        "name": choice.loss.loss,
+        "params": params,
+        "reduction": choice.reduction,
+        "compile": choice.compile,
+    }
     d["seed"] = seed
     d["name"] = name
     objectives_posthoc = sorted(

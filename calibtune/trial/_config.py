@@ -41,6 +41,7 @@ from calibtune.metrics import keys as K
 from calibtune.trial._metrics import epoch_shift_sets, metric_keys
 
 __all__ = [
+    "LOSS_COMPILE",
     "LOSS_REDUCTIONS",
     "DataConfig",
     "EvalConfig",
