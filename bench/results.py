@@ -364,6 +364,11 @@ def collect(dataset: str, study_yaml: Path, storage: Path, tracking_uri: str) ->
         data.trial_dirs[label] = arts
         data.switches[label] = [inverse_focal_bins(a) for a in arts]
         data.means[label] = {k: float(v) for k, v in row.items() if "/" in str(k) and _num(v)}
+    order = [c.label for c in data.config.losses]  # the study file's order, not finishing order
+    for table in (data.seeds, data.trial_dirs, data.switches, data.means):
+        ranked = sorted(table.items(), key=lambda kv: order.index(kv[0]))
+        table.clear()
+        table.update(ranked)
     return data
 
 
