@@ -19,7 +19,7 @@ The pure functions are in `calibtune.losses.functional`. See docs/losses.md for 
 from . import functional
 from ._adafocal import AdaDualFocalLoss, AdaFocalLoss, CalFocalLoss
 from ._base import CalibrationLoss
-from ._compile import COMPILE_MODES, compile_loss
+from ._compile import COMPILE_MODES, compile_loss, compile_mode
 from ._flsd import flsd_from_p0
 from ._mixup import MixedTargets, mixup_batch
 from ._mixup_modules import RankMixupLoss, RankMixupMRLLoss, RegMixupLoss  # issue 23
@@ -65,6 +65,7 @@ __all__ = [
     "RegMixupLoss",
     "build_loss",
     "compile_loss",
+    "compile_mode",
     "flsd_from_p0",
     "functional",
     "list_losses",

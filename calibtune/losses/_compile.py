@@ -26,22 +26,27 @@ from typing import Any
 import torch
 from torch import nn
 
+from calibtune._validate import check_choice
+
 #: ``loss.compile`` choices: ``auto`` compiles on CUDA only
 COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 
-def check_compile_mode(mode: object) -> str:
-    """Return ``mode`` if it is one of `COMPILE_MODES`, else raise ``ValueError``.
+def compile_mode(value: object, where: str = "compile") -> str:
+    """``value`` as one of `COMPILE_MODES` (YAML 1.1 reads a bare ``on``/``off`` as a boolean:
+    those mean ``on``/``off``); anything else raises a one-line ``ValueError`` naming ``where``
+    (a trial's ``loss.compile``, a study arm's ``losses[i].compile``).
 
-    >>> check_compile_mode("yes")
+    >>> compile_mode(False), compile_mode("auto")
+    ('off', 'auto')
+    >>> compile_mode("yes")
     Traceback (most recent call last):
     ...
-    ValueError: compile: expected one of 'auto', 'on', 'off', got 'yes'
+    calibtune._validate.ValidationError: compile: expected one of 'auto', 'on', 'off', got 'yes'
     """
-    if mode not in COMPILE_MODES:
-        choices = ", ".join(repr(m) for m in COMPILE_MODES)
-        raise ValueError(f"compile: expected one of {choices}, got {mode!r}")
-    return mode  # type: ignore[return-value]
+    if isinstance(value, bool):
+        value = "on" if value else "off"
+    return check_choice(value, where, COMPILE_MODES)
 
 
 def wants_compile(mode: str, device: torch.device | str) -> bool:
@@ -143,7 +148,7 @@ def compile_loss(loss: nn.Module, mode: str = "auto", device: torch.device | str
     >>> isinstance(loss.forward, CompiledForward)
     False
     """
-    check_compile_mode(mode)
+    mode = compile_mode(mode)
     name = getattr(loss, "name", type(loss).__name__)
     if not wants_compile(mode, device) or name == "mmce":
         return loss

@@ -369,23 +369,19 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
 
 
 def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str]:
-    """An arm's ``reduction`` and ``compile`` (the trial's ``loss.reduction``/``loss.compile``)."""
-    from calibtune.trial import LOSS_COMPILE, LOSS_REDUCTIONS
+    """An arm's ``reduction`` and ``compile``, checked as the trial's ``loss.reduction`` and
+    ``loss.compile`` are."""
+    from calibtune._validate import check_choice
+    from calibtune.losses import compile_mode
+    from calibtune.trial import LOSS_REDUCTIONS
 
-    reduction = item.get("reduction", "mean")
-    mode = item.get("compile", "auto")
-    if isinstance(mode, bool):  # YAML 1.1 reads a bare on/off as a boolean
-        mode = "on" if mode else "off"
-    for key, value, choices in (
-        ("reduction", reduction, LOSS_REDUCTIONS),
-        ("compile", mode, LOSS_COMPILE),
-    ):
-        if value not in choices:
-            raise StudyError(
-                f"{where}.{key}: expected one of "
-                f"{', '.join(repr(c) for c in choices)}, got {excerpt(value)}"
-            )
-    return reduction, mode
+    try:
+        reduction = check_choice(
+            item.get("reduction", "mean"), f"{where}.reduction", LOSS_REDUCTIONS
+        )
+        return reduction, compile_mode(item.get("compile", "auto"), f"{where}.compile")
+    except ValueError as exc:
+        raise StudyError(str(exc)) from None
 
 
 def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:

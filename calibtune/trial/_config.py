@@ -36,12 +36,11 @@ from calibtune._validate import (
     fail,
 )
 from calibtune._yaml import cut, excerpt, load_file, load_text
-from calibtune.losses import COMPILE_MODES, LOSSES
+from calibtune.losses import LOSSES, compile_mode
 from calibtune.metrics import keys as K
 from calibtune.trial._metrics import epoch_shift_sets, metric_keys
 
 __all__ = [
-    "LOSS_COMPILE",
     "LOSS_REDUCTIONS",
     "DataConfig",
     "EvalConfig",
@@ -63,8 +62,6 @@ DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 #: ``loss.reduction`` choices ("none" would hand the loop a vector)
 LOSS_REDUCTIONS = ("mean", "sum")
-#: ``loss.compile`` choices (`calibtune.losses.COMPILE_MODES`)
-LOSS_COMPILE = COMPILE_MODES
 #: no value above these can be meant (a typo such as ``epochs: 1e30`` would train forever)
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
@@ -104,9 +101,9 @@ class LossConfig:
     or ``sum``, as the seed papers' code does for most arms — one SGD step on the sum is B times
     the step on the mean (before ``train.grad_clip``), so an arm trains as its authors' code
     only with their reduction and clip norm (docs/trial.md, docs/papers.md).
-    ``compile`` (`LOSS_COMPILE`) runs the loss's per-step computation through ``torch.compile``:
-    ``auto`` (default) on CUDA only, ``on`` everywhere, ``off`` never; a failed compile falls
-    back to the eager path with one warning (`calibtune.losses.compile_loss`).
+    ``compile`` (`calibtune.losses.compile_mode`) runs the loss's per-step computation through
+    ``torch.compile``: ``auto`` (default) on CUDA only, ``on`` everywhere, ``off`` never; a
+    failed compile falls back to the eager path with one warning (`calibtune.losses.compile_loss`).
     """
 
     name: str = "cross_entropy"
@@ -274,10 +271,7 @@ def _loss(d: Mapping[str, Any]) -> LossConfig:
     except ValueError as e:
         raise ValidationError(f"loss.params: {cut(str(e), 200)}") from None
     reduction = check_choice(d.get("reduction", "mean"), "loss.reduction", LOSS_REDUCTIONS)
-    mode = d.get("compile", "auto")
-    if isinstance(mode, bool):  # YAML 1.1 reads a bare on/off as a boolean
-        mode = "on" if mode else "off"
-    mode = check_choice(mode, "loss.compile", LOSS_COMPILE)
+    mode = compile_mode(d.get("compile", "auto"), "loss.compile")
     return LossConfig(name=name, params=resolved, reduction=reduction, compile=mode)
 
 
