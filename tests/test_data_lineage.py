@@ -115,3 +115,30 @@ def test_a_trials_inputs_are_the_split_it_trains_on_drawn_with_split_seed():
     ours = {i.name: i.digest for i in trial_inputs(cfg)}
     split = {i.name: i.digest for i in data_inputs("digits", None, 1, 0.1, (), ())}
     assert ours == split  # the trial's seed (5) draws no split
+
+
+@pytest.mark.slow  # four processes importing MLflow, 24 runs: ~11 s
+def test_trials_starting_together_log_the_same_new_data_without_failing(tmp_path):
+    # MLflow looks a dataset up, then inserts it: processes logging the same new dataset at
+    # once collide on its unique key (a study's trial failed so); the loser logs again
+    import multiprocessing as mp
+
+    from tests._lineage_race import log_rounds
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp_id = client.create_experiment("race")
+    procs, rounds = 4, 6
+    runs = [[client.create_run(exp_id).info.run_id for _ in range(rounds)] for _ in range(procs)]
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(procs), ctx.Queue()
+    workers = [ctx.Process(target=log_rounds, args=(uri, r, barrier, out)) for r in runs]
+    for w in workers:
+        w.start()
+    results = [out.get(timeout=120) for _ in range(procs * rounds)]
+    for w in workers:
+        w.join(timeout=60)
+    assert [r for r in results if r != "ok"] == []
+    for run_id in (r for rs in runs for r in rs):  # every run has its six inputs, once each
+        assert len(client.get_run(run_id).inputs.dataset_inputs) == 6
+    assert len({d.dataset.name for d in client.get_run(runs[0][0]).inputs.dataset_inputs}) == 6

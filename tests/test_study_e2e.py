@@ -205,7 +205,16 @@ def _finished_children(uri: str, exp_name: str) -> list:
 def test_interrupted_study_resumes_without_duplicates(tmp_path):
     path = _study(tmp_path, "e2e_resume", num_samples=4, epochs=3)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # the third trial to start pauses there, so Ctrl-C always lands with work left, however fast
+    # the first two trials are (max_concurrent 2: they pass the failpoint)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("CALIBTUNE_FAILPOINT")},
+        "PYTHONUNBUFFERED": "1",
+        "CALIBTUNE_FAILPOINT": "trial_start",
+        "CALIBTUNE_FAILPOINT_SKIP": "2",
+        "CALIBTUNE_FAILPOINT_DIR": str(tmp_path),
+    }
+    paused = tmp_path / "trial_start.hit"
     proc = subprocess.Popen(
         [sys.executable, "-m", "calibtune", "run", str(path), "--quiet"],
         cwd=tmp_path,
@@ -215,7 +224,9 @@ def test_interrupted_study_resumes_without_duplicates(tmp_path):
         start_new_session=True,
     )
     deadline = time.time() + 240
-    while time.time() < deadline and len(_finished_children(uri, "e2e-e2e_resume")) < 1:
+    while time.time() < deadline and not (
+        paused.exists() and len(_finished_children(uri, "e2e-e2e_resume")) >= 1
+    ):
         if proc.poll() is not None:
             break
         time.sleep(1)

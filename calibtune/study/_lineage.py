@@ -12,6 +12,7 @@ data of a context exactly when the strings are equal. `data_note` is the line `c
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,11 @@ __all__ = ["check_same_data", "data_columns", "data_note", "log_data_inputs", "t
 
 CONTEXT_TAG = "mlflow.data.context"  # MLflow's own tag for a dataset input's role
 PREFIX = "data:"
+#: MLflow's store looks a dataset up, then inserts it: two trials of a study starting together
+#: both insert it and one fails on the (experiment, name, digest) key. Logging again finds the
+#: other's row and only links it (idempotent), so the loser retries.
+_RACE_WORDS = ("unique", "duplicate")
+_ATTEMPTS = 5
 
 
 def trial_inputs(cfg: Any) -> tuple[Any, ...]:
@@ -33,7 +39,8 @@ def trial_inputs(cfg: Any) -> tuple[Any, ...]:
 
 def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
     """Log ``inputs`` as the run's dataset inputs (MLflow keeps one input per dataset name and
-    digest: logging again after a restore adds nothing)."""
+    digest: logging again after a restore adds nothing). Safe when several processes log the
+    same new dataset at once (the trials of a study starting together)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     from calibtune.study._tracking import _client
@@ -52,7 +59,21 @@ def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
         for i in inputs
     ]
     if datasets:
-        _client(uri).log_inputs(run_id, datasets=datasets)
+        _log_inputs_retrying(_client(uri), run_id, datasets)
+
+
+def _log_inputs_retrying(client: Any, run_id: str, datasets: list[Any]) -> None:
+    from mlflow.exceptions import MlflowException
+
+    for attempt in range(_ATTEMPTS):
+        try:
+            client.log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as exc:
+            lost_race = any(w in str(exc).lower() for w in _RACE_WORDS)
+            if not lost_race or attempt == _ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
 
 
 def data_columns(run: Any) -> dict[str, str]:
