@@ -22,7 +22,7 @@ from calibtune.training._loop import (
     lr_schedule,
     train_epochs,
 )
-from calibtune.training._precision import PRECISIONS, Precision
+from calibtune.training._precision import PRECISIONS, Precision, float32_head
 from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 from calibtune.training._uncertainty import prediction_name
 
@@ -42,6 +42,7 @@ __all__ = [
     "epoch_metrics",
     "epoch_val_shift",
     "evaluate_final",
+    "float32_head",
     "gather_rows",
     "infer_logits",
     "iterate_batches",

@@ -28,6 +28,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from calibtune.training._precision import float32_head
+
 __all__ = [
     "DeviceBatches",
     "dataset_tensors",
@@ -256,8 +258,12 @@ def infer_logits(
     ``dataset``: a dataset or the `DeviceBatches` owning it (its resident copy is reused).
     Each rank scores rows ``rank::world`` and the rows are all-gathered, so every rank ends with
     the same full arrays; the caller restores ``model.train()`` if it was training. The one
-    device-to-host copy is at the end; ``autocast`` (a context factory) wraps the forwards.
+    device-to-host copy is at the end; ``autocast`` (a context factory) wraps the forwards, whose
+    classifier then computes in float32 (`calibtune.training.float32_head`): the logits are
+    float32 from the head, not upcast bf16/fp16.
     """
+    if autocast is not None:
+        float32_head(model)
     source = (
         dataset
         if isinstance(dataset, DeviceBatches)

@@ -1,7 +1,11 @@
 """Mixed precision of a trial's forwards: autocast dtype, fp16's GradScaler, channels_last.
 
-Only the model's forward runs under autocast; losses, metrics and post-hoc methods get float32
-logits (`Precision.forward` upcasts) and compute in float32/float64 as everywhere else.
+Only the model's body runs under autocast. Its classifier — the last ``nn.Linear`` — runs with
+autocast disabled on float32 features (`float32_head`), so every logit that feeds a loss
+statistic (AdaFocal's bins), a metric, a post-hoc fit or an OOD score is computed in float32:
+upcasting bf16 logits afterwards would keep their 8-bit mantissa (confidences off by up to
+0.02, AdaECE by some 6 % on synthetic logits). Losses, metrics and post-hoc methods then
+compute in float32/float64 as everywhere else.
 """
 
 from __future__ import annotations
@@ -12,11 +16,61 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PRECISIONS", "Precision"]
+__all__ = ["PRECISIONS", "Precision", "float32_head"]
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+_MARK = "_calibtune_float32_head"  # set on a model whose head `float32_head` converted
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:  # torch < 2.4: no device argument
+        if device_type == "cpu":
+            return bool(torch.is_autocast_cpu_enabled())
+        return device_type == "cuda" and bool(torch.is_autocast_enabled())
+    except RuntimeError:  # a device type autocast does not know (meta): nothing to disable
+        return False
+
+
+class _Float32Head(nn.Linear):
+    """An ``nn.Linear`` that computes ``x.float() @ Wᵀ + b`` in float32 whatever autocast is on
+    (its gradient flows back to the body's low-precision features through the cast)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        device_type = x.device.type
+        if not _autocast_on(device_type):
+            return F.linear(x.float(), self.weight, self.bias)
+        with torch.autocast(device_type, enabled=False):
+            return F.linear(x.float(), self.weight, self.bias)
+
+
+def float32_head(model: nn.Module) -> nn.Module:
+    """``model`` with its classifier, the last ``nn.Linear`` it registers, computing in float32
+    under autocast (in place, idempotent; returned). Parameters, ``state_dict`` keys and the
+    fp32 forward are unchanged: only the head's class becomes a float32 ``nn.Linear``. Every
+    model of `calibtune.models` ends in one (``fc``, ``classifier`` or ``net[-1]``).
+
+    >>> m = float32_head(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)))
+    >>> with torch.autocast("cpu", dtype=torch.bfloat16):
+    ...     m[0](torch.ones(1, 3)).dtype, m(torch.ones(1, 3)).dtype
+    (torch.bfloat16, torch.float32)
+    """
+    if getattr(model, _MARK, False):
+        return model
+    heads = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if not heads or type(heads[-1]) not in (nn.Linear, _Float32Head):
+        found = type(heads[-1]).__name__ if heads else "none"
+        raise ValueError(
+            "train.precision: expected a model whose last nn.Linear is its classifier "
+            f"(a plain nn.Linear, run in float32 under autocast), got {found}"
+        )
+    heads[-1].__class__ = _Float32Head
+    setattr(model, _MARK, True)
+    return model
 
 
 @dataclass
@@ -57,15 +111,20 @@ class Precision:
             yield
 
     def prepare(self, model: nn.Module) -> nn.Module:
-        """``model`` in the memory format the batches will have (in place; returned)."""
+        """``model`` in the memory format the batches will have and, under autocast, with a
+        float32 head (`float32_head`) (in place; returned)."""
         if self.channels_last:
             model.to(memory_format=torch.channels_last)
+        if self.name != "fp32":
+            float32_head(model)
         return model
 
     def forward(self, model: nn.Module, x: Tensor) -> Tensor:
-        """``model(x)`` under autocast, as float32 logits."""
+        """``model(x)``: the body under autocast, the head in float32 (float32 logits)."""
         if self.name == "fp32":  # per step: no context manager at all
             return model(x).float()
+        if not getattr(model, _MARK, False):
+            float32_head(model)
         with self.autocast():
             out = model(x)
         return out.float()
