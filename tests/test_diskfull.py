@@ -20,13 +20,14 @@ from types import SimpleNamespace
 import pyarrow.fs as pafs
 import pytest
 
+from calibtune.storage import _local as L
 from calibtune.study import _diskfull as D
 
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
     yield
-    D._FULL.clear()
+    L._FULL.clear()
     D._STOPPED.clear()
 
 

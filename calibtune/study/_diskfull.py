@@ -29,13 +29,11 @@ import os
 import re
 import shutil
 import signal
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pyarrow import PythonFile
-from pyarrow.fs import FileSystemHandler, LocalFileSystem, PyFileSystem
+from calibtune.storage._local import atomic_filesystem, forget_full, full_paths, note_full
 
 # Imported by the study driver only when a study runs (pyarrow comes with Ray).
 
@@ -56,8 +54,6 @@ __all__ = [
 _ENOSPC = re.compile(
     r"No space left on device|\[errno 28\]|database or disk is full|Disk quota exceeded", re.I
 )
-_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota that runs out fills the disk as far as we go
-_FULL: set[str] = set()  # files (absolute) whose write failed with ENOSPC in this process
 _STOPPED: dict[str, str] = {}  # study folder -> the one line its disk-full stop printed
 
 
@@ -73,15 +69,10 @@ def disk_full_text(text: str | None) -> bool:
     return bool(text) and _ENOSPC.search(text) is not None
 
 
-def note_full(path: str | os.PathLike[str]) -> None:
-    _FULL.add(os.path.abspath(path))
-
-
 def storage_full(storage: str | os.PathLike[str]) -> bool:
     """Whether a write under ``storage`` failed with ENOSPC in this process (or a disk-full stop
     of its study was requested)."""
-    root = os.path.join(os.path.abspath(storage), "")
-    return str(storage) in _STOPPED or any(p.startswith(root) for p in _FULL)
+    return str(storage) in _STOPPED or bool(full_paths(storage))
 
 
 def full_message(storage: Path) -> str:
@@ -110,8 +101,7 @@ def stop_reason(storage: Path) -> str | None:
     line = _STOPPED.pop(str(storage), None)
     if line is None and storage_full(storage):
         line = full_message(storage)
-    root = os.path.join(os.path.abspath(storage), "")
-    _FULL.difference_update({p for p in _FULL if p.startswith(root)})
+    forget_full(storage)
     return line
 
 
@@ -160,149 +150,3 @@ def silence_disk_full_logs() -> None:
         for handler in logging.getLogger(name).handlers:
             if not any(isinstance(f, _DiskFullFilter) for f in handler.filters):
                 handler.addFilter(_DiskFullFilter())
-
-
-# ----------------------------------------------------------------------------- the file system
-
-
-def atomic_filesystem() -> Any:
-    """The local file system for Tune's ``storage_filesystem``, with atomic output streams."""
-    return PyFileSystem(AtomicLocalHandler())
-
-
-class _AtomicWriter:
-    """A binary file object (for ``pyarrow.PythonFile``) writing ``path`` atomically: bytes go to
-    a temp file beside it, unbuffered (ENOSPC surfaces at the write that hits it); `close`
-    fsyncs it and renames it over ``path``. A failed write removes the temp file at once (the
-    stream may outlive the copy that failed, held by its exception) and keeps the old file."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.tmp = os.path.join(
-            os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
-        )
-        self._pos = 0
-        self._fd: int | None = None
-        self._fd = self._guard(
-            lambda: os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        )
-
-    def _guard(self, op: Any) -> Any:
-        try:
-            return op()
-        except OSError as exc:
-            if exc.errno in _FULL_ERRNOS:
-                note_full(self.path)
-            self._abort()
-            raise
-
-    def _abort(self) -> None:
-        fd, self._fd = self._fd, None
-        with contextlib.suppress(OSError):
-            if fd is not None:
-                os.close(fd)
-            os.unlink(self.tmp)
-
-    @property
-    def closed(self) -> bool:
-        return self._fd is None
-
-    def writable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return False
-
-    def seekable(self) -> bool:
-        return False
-
-    def tell(self) -> int:
-        return self._pos
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        size = len(view)
-        while view:
-            if self._fd is None:
-                raise ValueError(f"{self.path}: write to a closed or failed stream")
-            n = self._guard(lambda fd=self._fd, v=view: os.write(fd, v))
-            view = view[n:]
-        self._pos += size
-        return size
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self._fd is None:
-            return
-        self._guard(lambda: os.fsync(self._fd))  # type: ignore[arg-type]
-        fd, self._fd = self._fd, None
-        os.close(fd)
-        try:
-            os.replace(self.tmp, self.path)
-        except OSError:
-            self._abort()
-            raise
-
-    def __del__(self) -> None:  # a stream dropped unclosed: its bytes may be partial
-        self._abort()
-
-
-class AtomicLocalHandler(FileSystemHandler):
-    """``pyarrow.fs.LocalFileSystem`` with atomic `open_output_stream` and `copy_file`."""
-
-    def __init__(self) -> None:
-        self.fs = LocalFileSystem()
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, AtomicLocalHandler)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def get_type_name(self) -> str:
-        return "calibtune-atomic-local"
-
-    def normalize_path(self, path: str) -> str:
-        return self.fs.normalize_path(path)
-
-    def get_file_info(self, paths: Any) -> Any:
-        return self.fs.get_file_info(paths)
-
-    def get_file_info_selector(self, selector: Any) -> Any:
-        return self.fs.get_file_info(selector)
-
-    def create_dir(self, path: str, recursive: bool) -> None:
-        self.fs.create_dir(path, recursive=recursive)
-
-    def delete_dir(self, path: str) -> None:
-        self.fs.delete_dir(path)
-
-    def delete_dir_contents(self, path: str, missing_dir_ok: bool = False) -> None:
-        self.fs.delete_dir_contents(path, missing_dir_ok=missing_dir_ok)
-
-    def delete_root_dir_contents(self) -> None:
-        raise OSError("calibtune's storage file system never empties the root folder")
-
-    def delete_file(self, path: str) -> None:
-        self.fs.delete_file(path)
-
-    def move(self, src: str, dest: str) -> None:
-        self.fs.move(src, dest)
-
-    def copy_file(self, src: str, dest: str) -> None:
-        with open(src, "rb") as f, self.open_output_stream(dest, None) as out:
-            shutil.copyfileobj(f, out)
-
-    def open_input_stream(self, path: str) -> Any:
-        return self.fs.open_input_stream(path)
-
-    def open_input_file(self, path: str) -> Any:
-        return self.fs.open_input_file(path)
-
-    def open_output_stream(self, path: str, metadata: Any) -> Any:
-        return PythonFile(_AtomicWriter(path), mode="w")
-
-    def open_append_stream(self, path: str, metadata: Any) -> Any:
-        return self.fs.open_append_stream(path)

@@ -1,0 +1,297 @@
+"""`Storage`: one location of a study's or trial's files, as a (pyarrow file system, path) pair.
+
+A location is resolved once, at the command line's boundary (`open_storage`), from a local path
+or a URI: a path (or ``file://``) is the local disk, written through `atomic_filesystem`
+(temp file, fsync, rename); ``s3://BUCKET/PREFIX`` is an S3 or S3-compatible store whose
+endpoint, region and credentials come from the standard environment variables
+(``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, else the AWS default
+credential chain); any other URI goes to ``pyarrow.fs.FileSystem.from_uri`` (``gs://``,
+``hdfs://``...). Everything else — reading, atomic writing, listing, deleting, streams for
+``torch.save``/``torch.load`` — goes through the pair, so the same code serves a local disk, NFS
+and a bucket, and Ray Tune/Train get the same pair (`Storage.ray_args`).
+
+Atomicity: a local write renames a complete temp file over the target; an object store makes an
+object visible only once its upload completes, and calibtune uploads a stream only when the code
+writing it finished without an error (one PUT of the whole buffer), so readers see the old or
+the new object, never a part.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import posixpath
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["Storage", "StorageError", "open_storage"]
+
+S3_CONNECT_TIMEOUT_S = 5.0
+S3_REQUEST_TIMEOUT_S = 60.0
+S3_ATTEMPTS = 3
+
+
+class StorageError(ValueError):
+    """A storage location calibtune cannot use (one line: what was expected, what was found)."""
+
+
+@dataclass(frozen=True)
+class Storage:
+    """A file or folder in a file system: ``fs`` (``pyarrow.fs.FileSystem``) and ``path`` (the
+    file system's own path: absolute for the local disk, ``BUCKET/KEY`` for a bucket);
+    ``scheme`` is ``""`` for the local disk, else the URI scheme it was opened with.
+
+    >>> import tempfile
+    >>> root = open_storage(tempfile.mkdtemp())
+    >>> f = root / "a" / "b.txt"
+    >>> f.write_text("hello")
+    >>> f.read_text(), root.listdir(), (root / "a").listdir()
+    ('hello', ['a'], ['b.txt'])
+    >>> f.delete(); f.exists()
+    False
+    """
+
+    fs: Any
+    path: str
+    scheme: str = ""
+
+    # ------------------------------------------------------------------ names
+
+    @property
+    def is_local(self) -> bool:
+        """Whether this is the local disk (a POSIX path other processes here can open)."""
+        return self.scheme == ""
+
+    def local_path(self) -> Path:
+        """The local path, for what truly needs one (``flock``, caches); refused for a URI."""
+        if not self.is_local:
+            raise StorageError(f"{self.uri}: expected a local path here, got an object store")
+        return Path(self.path)
+
+    @property
+    def uri(self) -> str:
+        """How a person (or `open_storage`) names it: the local path, or ``SCHEME://PATH``."""
+        return self.path if self.is_local else f"{self.scheme}://{self.path}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __fspath__(self) -> str:
+        # only the local disk is a path; os.fspath of a bucket is a mistake that must not
+        # silently become a local folder named 's3:'
+        return str(self.local_path())
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path.rstrip("/"))
+
+    @property
+    def parent(self) -> Storage:
+        return Storage(self.fs, posixpath.dirname(self.path.rstrip("/")), self.scheme)
+
+    def join(self, *parts: str) -> Storage:
+        """The location ``parts`` below this one (relative parts, ``/``-separated)."""
+        for part in parts:
+            if part.startswith("/") or ".." in part.split("/"):
+                raise StorageError(f"{self.uri}: expected a relative name below it, got {part!r}")
+        return Storage(self.fs, posixpath.join(self.path, *parts), self.scheme)
+
+    def __truediv__(self, part: str) -> Storage:
+        return self.join(part)
+
+    def ray_args(self) -> tuple[str, Any]:
+        """``(storage_path, storage_filesystem)`` for Ray Tune's and Ray Train's ``RunConfig``
+        and ``Tuner.restore``: the same file system, so Ray's files land where calibtune's do."""
+        return self.path, self.fs
+
+    # ------------------------------------------------------------------ queries
+
+    def _info(self) -> Any:
+        return self.fs.get_file_info(self.path)
+
+    def exists(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type != FileType.NotFound
+
+    def is_file(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type == FileType.File
+
+    def is_dir(self) -> bool:
+        from pyarrow.fs import FileType
+
+        return self._info().type == FileType.Directory
+
+    def listdir(self) -> list[str]:
+        """The names directly below this folder, sorted (``[]`` when there is none)."""
+        from pyarrow.fs import FileSelector
+
+        infos = self.fs.get_file_info(FileSelector(self.path, allow_not_found=True))
+        return sorted(posixpath.basename(i.path.rstrip("/")) for i in infos)
+
+    def glob(self, pattern: str) -> list[Storage]:
+        """The entries directly below this folder whose names match ``pattern`` (fnmatch)."""
+        import fnmatch
+
+        return [self / n for n in self.listdir() if fnmatch.fnmatchcase(n, pattern)]
+
+    # ------------------------------------------------------------------ reading
+
+    def read_bytes(self) -> bytes:
+        """The file's bytes; ``FileNotFoundError`` when there is no file."""
+        if not self.is_file():
+            raise FileNotFoundError(2, "No such file", self.uri)
+        with self.fs.open_input_stream(self.path) as f:
+            return f.readall()
+
+    def read_text(self) -> str:
+        return self.read_bytes().decode("utf-8")
+
+    def open_input(self) -> IO[bytes]:
+        """A seekable binary file object of the file (e.g. for ``torch.load``)."""
+        if self.is_local:
+            return open(self.path, "rb")  # the caller closes it
+        return io.BytesIO(self.read_bytes())
+
+    # ------------------------------------------------------------------ writing
+
+    def mkdir(self) -> None:
+        """Create this folder and its parents (an object store has prefixes, not folders)."""
+        if self.is_local:
+            self.fs.create_dir(self.path, recursive=True)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Replace the file's content atomically (readers see the old or the new bytes)."""
+        with self.open_output() as f:
+            f.write(data)
+
+    def write_text(self, text: str) -> None:
+        self.write_bytes(text.encode("utf-8"))
+
+    @contextlib.contextmanager
+    def open_output(self) -> Iterator[IO[bytes]]:
+        """A binary file object whose bytes replace the file atomically when the block ends
+        without an error; an error (a full disk, the writer's own) keeps the previous file."""
+        if self.is_local:
+            from calibtune.storage._local import _AtomicWriter
+
+            self.parent.mkdir()
+            writer = _AtomicWriter(self.path)
+            try:
+                yield writer  # type: ignore[misc]
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+            return
+        buf = io.BytesIO()
+        yield buf
+        with self.fs.open_output_stream(self.path) as out:  # one upload of complete bytes
+            out.write(buf.getbuffer())
+
+    def delete(self) -> None:
+        """Remove the file, or the folder with everything below it; nothing there is fine."""
+        from pyarrow.fs import FileType
+
+        kind = self._info().type
+        if kind == FileType.File:
+            self.fs.delete_file(self.path)
+        elif kind == FileType.Directory:
+            self.fs.delete_dir(self.path)
+
+    # ------------------------------------------------------------------ checks
+
+    def check_reachable(self, key: str) -> None:
+        """For an object store: its bucket (the path's first part) answers and exists; one line
+        naming ``key`` otherwise. The local disk is checked by `calibtune.study._preflight`."""
+        if self.is_local:
+            return
+        from pyarrow.fs import FileType
+
+        bucket = self.path.split("/", 1)[0]
+        try:
+            kind = self.fs.get_file_info(bucket).type
+        except OSError as exc:
+            why = " ".join(str(exc).split())[:160]
+            raise StorageError(
+                f"{key}: expected a reachable store at {self.uri}, got {why}"
+            ) from None
+        if kind == FileType.NotFound:
+            raise StorageError(
+                f"{key}: expected an existing bucket {bucket!r} at {self.uri}, found none; "
+                "create it first"
+            )
+
+
+def _s3(uri: str, parsed: urllib.parse.SplitResult) -> Storage:
+    """An S3 (or S3-compatible) store from the standard AWS environment variables."""
+    from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem
+
+    env = os.environ
+    kw: dict[str, Any] = {
+        "connect_timeout": S3_CONNECT_TIMEOUT_S,
+        "request_timeout": S3_REQUEST_TIMEOUT_S,
+        "retry_strategy": AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+    }
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        ep = urllib.parse.urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+        kw["endpoint_override"] = ep.netloc
+        kw["scheme"] = ep.scheme
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if region:
+        kw["region"] = region
+    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
+        kw["access_key"] = env["AWS_ACCESS_KEY_ID"]
+        kw["secret_key"] = env["AWS_SECRET_ACCESS_KEY"]
+        if env.get("AWS_SESSION_TOKEN"):
+            kw["session_token"] = env["AWS_SESSION_TOKEN"]
+    path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
+    return Storage(S3FileSystem(**kw), path, "s3")
+
+
+def open_storage(where: str | os.PathLike[str] | Storage, key: str = "storage") -> Storage:
+    """The `Storage` that ``where`` names: a local path (made absolute, ``~`` expanded), a
+    ``file://`` URI, ``s3://BUCKET[/PREFIX]`` (AWS environment variables), or any URI
+    ``pyarrow.fs.FileSystem.from_uri`` opens; `StorageError` naming ``key`` otherwise.
+
+    >>> open_storage("s3://calib/studies/").uri
+    's3://calib/studies'
+    >>> open_storage("ftp://host/x", "--storage")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    calibtune.storage._storage.StorageError: --storage: expected a local path or a URI ...
+    """
+    if isinstance(where, Storage):
+        return where
+    text = os.fspath(where)
+    if "://" not in text:
+        from calibtune.storage._local import atomic_filesystem
+
+        return Storage(atomic_filesystem(), os.path.abspath(os.path.expanduser(text)))
+    parsed = urllib.parse.urlsplit(text)
+    scheme = parsed.scheme.lower()
+    if scheme == "file":
+        return open_storage(urllib.parse.unquote(parsed.path) or "/", key)
+    if scheme in ("s3", "s3a") and not parsed.query:
+        if not parsed.netloc:
+            raise StorageError(f"{key}: expected s3://BUCKET[/PREFIX], got {text!r}")
+        return _s3(text, parsed)
+    from pyarrow.fs import FileSystem
+
+    try:
+        fs, path = FileSystem.from_uri(text)
+    except (OSError, ValueError, TypeError) as exc:
+        why = " ".join(str(exc).split())[:160]
+        raise StorageError(
+            f"{key}: expected a local path or a URI pyarrow opens (s3://, gs://, hdfs://, "
+            f"file://), got {text!r} ({why})"
+        ) from None
+    return Storage(fs, path.rstrip("/"), scheme)
