@@ -204,3 +204,115 @@ def test_small_models_learn_digits_in_seconds(name: str) -> None:
     with torch.no_grad():
         error = (model(xt).argmax(1) != yt).float().mean().item()
     assert error < 0.1
+
+
+# ----------------------------------------------------------------------------- initialisation
+# The authors' code's init per network (issue 31.1): focal_calibration's Net/resnet.py (ResNet-50
+# and its "resnet110", the 3-4-26-3 bottleneck), AdaFocal's models/resnet.py and Net/densenet.py
+# have no init code, so PyTorch's per-layer default applies; Net/wide_resnet.py and
+# Net/resnet_tiny_imagenet.py draw convolutions from N(0, 2/(k·k·C_out)).
+AUTHORS_INIT = {
+    "resnet50": "torch_default",
+    "resnet110_bottleneck": "torch_default",
+    "densenet121": "torch_default",
+    "wide_resnet26_10": "kaiming_normal_fan_out",
+    "resnet50_tiny": "kaiming_normal_fan_out",
+    "resnet110": "kaiming_normal_fan_out",  # He et al.'s network, not in the seeds' code
+    "mlp": "torch_default",
+    "small_cnn": "torch_default",
+    "cnn1d": "torch_default",
+}
+
+
+def _expected_std(m: nn.Module, scheme: str) -> float:
+    """Analytic weight std: kaiming_uniform(a=√5) is U(±1/√fan_in), std 1/√(3·fan_in);
+    kaiming_normal(fan_out) is N(0, 2/fan_out) with fan_out = C_out·(kernel elements)."""
+    w = m.weight
+    receptive = w[0, 0].numel()
+    if isinstance(m, nn.modules.conv._ConvNd) and scheme == "kaiming_normal_fan_out":
+        return (2 / (w.shape[0] * receptive)) ** 0.5
+    return (1 / (3 * w.shape[1] * receptive)) ** 0.5  # conv (default) and every Linear
+
+
+def _check_init(model: nn.Module, scheme: str) -> dict[str, int]:
+    """Each conv/linear layer's weight std against `_expected_std` (tolerance: 2 % plus four
+    standard errors of a sample std, ≤ 0.71/√n for normal, 0.45/√n for uniform draws), the
+    pooled ratio per layer type within 2 %, BatchNorm at weight 1 / bias 0. Returns layers
+    checked per type."""
+    ratios: dict[str, list[float]] = {"conv": [], "linear": []}
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.modules.conv._ConvNd, nn.Linear)):
+            kind = "linear" if isinstance(m, nn.Linear) else "conv"
+            n = m.weight.numel()
+            ratio = m.weight.detach().std().item() / _expected_std(m, scheme)
+            assert abs(ratio - 1) < 0.02 + 4 * 0.71 / n**0.5, (name, kind, scheme, ratio)
+            assert abs(m.weight.detach().mean().item()) < 4 * _expected_std(m, scheme) / n**0.5
+            ratios[kind].append(ratio)
+        elif isinstance(m, nn.modules.batchnorm._NormBase) and m.affine:
+            assert bool((m.weight == 1).all() and (m.bias == 0).all()), name
+    for kind, r in ratios.items():
+        if len(r) > 4:
+            assert abs(sum(r) / len(r) - 1) < 0.02, (kind, scheme, sum(r) / len(r))
+    return {k: len(v) for k, v in ratios.items()}
+
+
+def test_every_network_records_its_authors_init() -> None:
+    from calibtune.models import INIT_SCHEMES, model_init
+
+    assert set(AUTHORS_INIT) == set(list_models())
+    for name, scheme in AUTHORS_INIT.items():
+        rec = model_init(name)
+        assert rec.scheme == scheme and rec.scheme in INIT_SCHEMES, name
+        assert rec.source, name
+    assert "wide_resnet.py" in model_init("wide_resnet26_10").source
+    with pytest.raises(ValueError, match="unknown model 'vgg16'"):
+        model_init("vgg16")
+
+
+@pytest.mark.parametrize("name", sorted(AUTHORS_INIT))
+def test_initial_weight_statistics_match_the_authors_scheme(name: str) -> None:
+    torch.manual_seed(0)
+    model = build_model(name, 10, shape_of(name))
+    counts = _check_init(model, AUTHORS_INIT[name])
+    assert counts["linear"] >= 1 and (name == "mlp" or counts["conv"] >= 3), counts
+
+
+def test_model_init_overrides_the_authors_scheme() -> None:
+    torch.manual_seed(0)
+    default = build_model("resnet50", 10, (3, 32, 32))
+    torch.manual_seed(0)
+    he = build_model("resnet50", 10, (3, 32, 32), init="kaiming_normal_fan_out")
+    _check_init(he, "kaiming_normal_fan_out")
+    # the audit's "about 2.4× smaller": √(2/(9·C)) / √(1/(27·C)) = √6 for a 3×3 C→C conv
+    conv = "layer1.0.conv2.weight"
+    ratio = dict(he.named_parameters())[conv].std() / dict(default.named_parameters())[conv].std()
+    assert ratio.item() == pytest.approx(6**0.5, rel=0.05)
+    torch.manual_seed(0)
+    _check_init(
+        build_model("wide_resnet26_10", 10, (3, 32, 32), init="torch_default"), "torch_default"
+    )
+    with pytest.raises(ValueError, match=r"init: expected auto or one of torch_default, kaiming"):
+        build_model("mlp", 10, (1, 8, 8), init="xavier")
+
+
+def test_a_small_model_s_weights_are_its_builder_s_bit_for_bit() -> None:
+    """The small models already get PyTorch's defaults from their builders: `build_model` draws
+    nothing more, so the results studies (cnn1d, small_cnn) train from the same weights."""
+    from calibtune.models import CNN1d
+
+    torch.manual_seed(3)
+    built = build_model("cnn1d", 10, (1, 40))
+    torch.manual_seed(3)
+    direct = CNN1d(1, 40, 10, 25)
+    for (n, a), (_, b) in zip(built.state_dict().items(), direct.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_model_init_is_a_trial_config_key_checked_at_the_boundary() -> None:
+    from calibtune.trial import config_from_dict
+
+    assert config_from_dict({}).model.init == "auto"
+    cfg = config_from_dict({"model": {"name": "resnet50", "init": "kaiming_normal_fan_out"}})
+    assert cfg.model.init == "kaiming_normal_fan_out"
+    with pytest.raises(ValueError, match=r"^model\.init: expected one of 'auto', 'torch_default'"):
+        config_from_dict({"model": {"init": "xavier"}})

@@ -86,6 +86,8 @@ def resolve(study: Any, key: str) -> Any:
             return choice.loss
         if attr == "reduction":  # how the arm reduces a batch (trial loss.reduction)
             return study.loss(label).reduction
+        if attr == "epochs":  # the arm's own train.epochs (issue 31.2), else the trial's
+            return study.loss(label).epochs or base.train.epochs
         assert attr not in choice.space.dists, f"{key}: a searched parameter, not a fixed value"
         return LOSSES.get(choice.loss).resolve(**choice.space.fixed)[attr]
     if head == "posthoc":
@@ -175,6 +177,7 @@ def test_every_value_the_study_sets_has_a_card_row(path: str) -> None:
     for c in study.losses:
         wanted += [f"losses.{c.label}.{p}" for p in c.loss.space.fixed]
         wanted.append(f"losses.{c.label}.reduction")  # every arm says how its batch is reduced
+        wanted += [f"losses.{c.label}.epochs"] if c.epochs is not None else []
     missing = [k for k in wanted if k not in keys]
     assert not missing, f"{path}: values without a card row in docs/papers.md: {missing}"
 
@@ -280,10 +283,12 @@ _SIZE_ROW = re.compile(
 
 
 def trial_epochs(study: Any) -> tuple[int, int, int, int]:
-    """(arms, seeds, epochs, trial-epochs) of a grid study: every grid point once per seed."""
+    """(arms, seeds, epochs, trial-epochs) of a grid study: every grid point once per seed, each
+    arm for its own epochs (issue 31.2: an arm's ``epochs`` overrides the trial's)."""
     arms, seeds = study.search.num_samples, len(study.search.seeds)
     epochs = study.base_config().train.epochs
-    return arms, seeds, epochs, arms * seeds * epochs
+    assert arms == len(study.losses), "one grid point per arm"
+    return arms, seeds, epochs, seeds * sum(c.epochs or epochs for c in study.losses)
 
 
 def test_size_table_is_recomputed_from_the_studies() -> None:

@@ -2,10 +2,12 @@
 
 Differences from the ImageNet models: a 3×3 stride-1 stem convolution and no max-pool, so a
 32×32 input reaches the last stage at 4×4. torchvision's ``Bottleneck``/``BasicBlock``/
-``DenseNet`` are reused; only stems, shortcuts and heads change. Layer-for-layer these match the
+``DenseNet`` are reused; only stems, shortcuts and heads change. The architectures match the
 networks of Mukhoti et al. (2020)'s code (github.com/torrvision/focal_calibration, ``Net/``),
 which AdaFocal and Dual Focal reuse — with one deliberate exception, ``resnet110``
-(see `cifar_resnet110`).
+(see `cifar_resnet110`). Their initialisation is not the builders' (torchvision's own init loops
+differ from the authors' code): `build_model` redraws every weight with the scheme recorded
+here per network (``_SEED_MODELS``; `calibtune.models.model_init`), the authors' code's.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ._init import ModelInit
 from ._zoo import add_model, check_image_shape
 
 # torchvision is imported where a network is built: importing it loads torch._dynamo, which a
@@ -36,20 +39,8 @@ __all__ = [
 ]
 
 
-def _kaiming(module: nn.Module) -> None:
-    # He et al.'s N(0, 2/(k·k·C_out)) for convolutions, BN as identity — the init of torchvision
-    # and of the seeds' code
-    for m in module.modules():
-        if isinstance(m, nn.Conv2d):
-            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-        elif isinstance(m, nn.BatchNorm2d):
-            nn.init.ones_(m.weight)
-            nn.init.zeros_(m.bias)
-
-
 def _cifar_stem(model: ResNet, in_channels: int) -> ResNet:
     model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
-    _kaiming(model.conv1)
     model.maxpool = nn.Identity()
     return model
 
@@ -112,7 +103,6 @@ class CifarResNet(nn.Module):
         self.stages = nn.Sequential(*stages)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(inplanes, num_classes)
-        _kaiming(self)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.fc(torch.flatten(self.pool(self.stages(self.stem(x))), 1))
@@ -169,7 +159,6 @@ def cifar_densenet121(shape: Sequence[int], num_classes: int) -> nn.Module:
 
     model = DenseNet(32, (6, 12, 24, 16), 64, num_classes=num_classes)
     model.features.conv0 = nn.Conv2d(shape[0], 64, kernel_size=3, stride=1, padding=1, bias=False)
-    nn.init.kaiming_normal_(model.features.conv0.weight)
     # the first dense layer starts with its own BN-ReLU, so the stem needs none
     model.features.norm0 = nn.Identity()
     model.features.relu0 = nn.Identity()
@@ -178,6 +167,30 @@ def cifar_densenet121(shape: Sequence[int], num_classes: int) -> nn.Module:
 
 
 _IMAGE32 = (3, 32, 32)
+_FC = "github.com/torrvision/focal_calibration"
+# the authors' code's init per network: a network without init code of its own gets PyTorch's
+# per-layer defaults; the init loops of wide_resnet.py and resnet_tiny_imagenet.py draw
+# convolutions from N(0, 2/(k·k·C_out)). Builders' own init is always redrawn (built_with None).
+_DEFAULT_INIT = ModelInit(
+    "torch_default",
+    f"{_FC} Net/resnet.py and 3mcloud/adafocal models/resnet.py: no init code (PyTorch defaults)",
+)
+_INITS = {
+    "resnet50": _DEFAULT_INIT,
+    "resnet110_bottleneck": _DEFAULT_INIT,
+    "densenet121": ModelInit("torch_default", f"{_FC} Net/densenet.py: no init code"),
+    "wide_resnet26_10": ModelInit(
+        "kaiming_normal_fan_out", f"{_FC} Net/wide_resnet.py: normal_(0, sqrt(2/(k·k·C_out)))"
+    ),
+    "resnet50_tiny": ModelInit(
+        "kaiming_normal_fan_out",
+        f"{_FC} Net/resnet_tiny_imagenet.py: normal_(0, sqrt(2/(k·k·C_out)))",
+    ),
+    # not in the seeds' code: He et al.'s CIFAR ResNet, with torchvision's (He) init
+    "resnet110": ModelInit(
+        "kaiming_normal_fan_out", "He et al. (CVPR 2016); not in the seeds' code"
+    ),
+}
 #: name -> (builder, default input shape, summary); every one takes (C, H, W) images
 _SEED_MODELS = {
     "resnet50": (
@@ -217,4 +230,6 @@ _SEED_MODELS = {
     ),
 }
 for _name, (_build, _shape, _summary) in _SEED_MODELS.items():
-    add_model(_name, _build, check_image_shape, _shape, _summary, tags=("image", "seed"))
+    add_model(
+        _name, _build, check_image_shape, _shape, _summary, ("image", "seed"), init=_INITS[_name]
+    )

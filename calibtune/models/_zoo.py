@@ -12,6 +12,7 @@ from typing import Any
 from torch import nn
 
 from .._registry import Param, Registry
+from ._init import INIT_SCHEMES, ModelInit, init_weights
 
 __all__ = [
     "MODELS",
@@ -23,9 +24,13 @@ __all__ = [
     "common_params",
     "count_parameters",
     "list_models",
+    "model_init",
 ]
 
 MODELS: Registry[nn.Module] = Registry("model")
+_INITS: dict[str, ModelInit] = {}
+#: a builder that leaves PyTorch's per-layer defaults (the small models)
+TORCH_DEFAULT = ModelInit("torch_default", "PyTorch's per-layer defaults", "torch_default")
 
 
 def common_params(default_shape: tuple[int, ...]) -> list[Param]:
@@ -77,10 +82,15 @@ def add_model(
     summary: str,
     tags: Sequence[str],
     extra: Sequence[Param] = (),
+    init: ModelInit = TORCH_DEFAULT,
 ) -> None:
     """Register model ``name``: its factory checks ``input_shape`` with ``check`` (one of the
     ``check_*_shape`` functions; errors name the model), then returns ``build(shape,
-    num_classes, **extra)``. ``extra`` declares the model's own params after `common_params`."""
+    num_classes, **extra)``. ``extra`` declares the model's own params after `common_params`;
+    ``init`` records the network's initialisation (`ModelInit`: its authors' scheme)."""
+    if init.scheme not in INIT_SCHEMES:
+        raise ValueError(f"{name}: init: expected one of {', '.join(INIT_SCHEMES)}, got {init}")
+    _INITS[name] = init
 
     def factory(num_classes: int, input_shape: Sequence[int], **params: Any) -> nn.Module:
         return build(check(input_shape, name), num_classes, **params)
@@ -90,13 +100,31 @@ def add_model(
 
 
 def build_model(
-    name: str, num_classes: int, input_shape: Sequence[int], **params: Any
+    name: str, num_classes: int, input_shape: Sequence[int], init: str = "auto", **params: Any
 ) -> nn.Module:
     """Build the registered model ``name`` for ``num_classes`` classes and inputs of shape
     ``input_shape`` (no batch axis); ``params`` are the model's declared extras (e.g. ``hidden``
     for ``mlp``), validated against the registry. Unknown names raise ``ValueError`` listing the
-    registered ones."""
-    return MODELS.build(name, num_classes=num_classes, input_shape=input_shape, **params)
+    registered ones. ``init``: ``auto`` (the network's recorded scheme, `model_init`) or one of
+    `INIT_SCHEMES` (``calibtune.models._init``); weights are drawn from torch's global
+    generator, so seed it first for reproducible weights."""
+    model = MODELS.build(name, num_classes=num_classes, input_shape=input_shape, **params)
+    recorded = model_init(name)
+    scheme = recorded.scheme if init == "auto" else init
+    if scheme not in INIT_SCHEMES:
+        raise ValueError(f"init: expected auto or one of {', '.join(INIT_SCHEMES)}, got {init!r}")
+    return model if scheme == recorded.built_with else init_weights(model, scheme)
+
+
+def model_init(name: str) -> ModelInit:
+    """The initialisation recorded for model ``name`` (its authors' scheme and where it is read
+    from).
+
+    >>> model_init("resnet110_bottleneck").scheme, model_init("wide_resnet26_10").scheme
+    ('torch_default', 'kaiming_normal_fan_out')
+    """
+    MODELS.get(name)  # unknown names: the registry's message
+    return _INITS[name]
 
 
 def list_models() -> list[str]:

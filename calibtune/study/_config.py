@@ -61,7 +61,7 @@ SEARCH_KEYS = (
 #: samplers that read Optuna's trial constraints (random, grid and CMA-ES ignore them)
 CONSTRAINED_SAMPLERS = ("tpe", "nsga2", "gp")
 TRACKING_KEYS = ("uri", "experiment")
-LOSS_KEYS = ("name", "label", "space", "params", "reduction", "compile")
+LOSS_KEYS = ("name", "label", "space", "params", "reduction", "compile", "epochs")
 
 
 class StudyError(ValueError):
@@ -77,13 +77,16 @@ class Objective:
 @dataclass(frozen=True)
 class LossChoice:
     """One arm of the study: a registered loss with its search space (``label`` is unique),
-    the trial's ``loss.reduction`` for it (``sum`` to train the arm as its authors' code did)
-    and its ``loss.compile`` (``auto``: through ``torch.compile`` on CUDA only)."""
+    the trial's ``loss.reduction`` for it (``sum`` to train the arm as its authors' code did),
+    its ``loss.compile`` (``auto``: through ``torch.compile`` on CUDA only) and its
+    ``train.epochs`` where the authors trained this arm longer or shorter (``None``: the trial's;
+    e.g. Mukhoti et al.'s Wide-ResNet Brier arm, 550 epochs)."""
 
     label: str
     loss: LossSpace
     reduction: str = "mean"
     compile: str = "auto"
+    epochs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -368,10 +371,11 @@ def _losses(raw: Any, base_dir: Path) -> tuple[LossChoice, ...]:
     return tuple(out)
 
 
-def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str]:
-    """An arm's ``reduction`` and ``compile``, checked as the trial's ``loss.reduction`` and
-    ``loss.compile`` are."""
-    from calibtune._validate import check_choice
+def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str, int | None]:
+    """An arm's ``reduction``, ``compile`` and ``epochs``, checked as the trial's
+    ``loss.reduction``, ``loss.compile`` and ``train.epochs`` are (`_check_arm_epochs` checks
+    the epochs against the rest of the trial)."""
+    from calibtune._validate import check_choice, check_int
     from calibtune.losses import compile_mode
     from calibtune.trial import LOSS_REDUCTIONS
 
@@ -379,9 +383,34 @@ def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str]:
         reduction = check_choice(
             item.get("reduction", "mean"), f"{where}.reduction", LOSS_REDUCTIONS
         )
-        return reduction, compile_mode(item.get("compile", "auto"), f"{where}.compile")
+        mode = compile_mode(item.get("compile", "auto"), f"{where}.compile")
+        e = item.get("epochs")
+        epochs = None if e is None else check_int(e, f"{where}.epochs", 1)
+        return reduction, mode, epochs
     except ValueError as exc:
         raise StudyError(str(exc)) from None
+
+
+def _check_arm_epochs(
+    losses: Sequence[LossChoice], trial: Mapping[str, Any], search: SearchConfig
+) -> None:
+    """An arm's own ``epochs`` must make a valid trial (schedule milestones, warm-up), and a
+    scheduler that stops trials at ``train.epochs`` (ASHA's ``max_t``) cannot serve it."""
+    from calibtune.trial import config_from_dict
+
+    for i, c in enumerate(losses):
+        if c.epochs is None:
+            continue
+        if search.scheduler != "none":
+            raise StudyError(
+                f"losses[{i}].epochs: expected no per-arm epochs with search.scheduler "
+                f"{search.scheduler!r} (it stops every trial at train.epochs), got {c.epochs}"
+            )
+        train = {**dict(trial.get("train") or {}), "epochs": c.epochs}
+        try:
+            config_from_dict({**trial, "train": train, "loss": {"name": "cross_entropy"}})
+        except ValueError as exc:
+            raise StudyError(f"losses[{i}].epochs: {c.epochs} makes trial.{exc}") from None
 
 
 def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
@@ -458,6 +487,7 @@ def parse_study(raw: Any, path: str | None = None, text: str = "") -> StudyConfi
         trial, base = _base_trial(d.get("trial"))
         losses = _losses(d.get("losses"), base_dir)
         search = _search(d.get("search"), [c.label for c in losses])
+        _check_arm_epochs(losses, trial, search)
         _check_reported(search.objectives, base)
         _check_reported(search.constraints, base, "constraints")
         space = _trial_space(d.get("space"), {**trial, "loss": {"name": "cross_entropy"}})

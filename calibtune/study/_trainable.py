@@ -93,6 +93,8 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
         "reduction": choice.reduction,
         "compile": choice.compile,
     }
+    if choice.epochs is not None:  # the arm trains as long as its authors trained it
+        d["train"] = {**dict(d.get("train") or {}), "epochs": choice.epochs}
     d["seed"] = seed
     d["name"] = name
     objectives_posthoc = sorted(

@@ -90,7 +90,11 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """``init``: ``auto`` (the network's authors' scheme, `calibtune.models.model_init`) or one of
+    `calibtune.models.INIT_SCHEMES`."""
+
     name: str = "mlp"
+    init: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,8 @@ def _model(d: Mapping[str, Any]) -> ModelConfig:
     name = check_str(d.get("name", "mlp"), "model.name")
     if name not in _m.list_models():
         raise fail("model.name", "one of " + ", ".join(_m.list_models()), name)
-    return ModelConfig(name=name)
+    init = check_choice(d.get("init", "auto"), "model.init", ("auto", *_m.INIT_SCHEMES))
+    return ModelConfig(name=name, init=init)
 
 
 def _loss(d: Mapping[str, Any]) -> LossConfig:
