@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune._commands import Command, OneOf, add_commands, arg
+from calibtune._data_cli import DATA
 from calibtune._lazy import exit_without_teardown, gc_paused
 from calibtune._provenance import installed_versions, read_provenance, version_drift
 from calibtune._usage import UsageError, bad_input_message
@@ -239,8 +240,9 @@ TRAIN = Command(
     "Ray Train, print the final metrics table and leave checkpoints and artifacts under "
     "<storage_path>/<name>/. Re-running the same config resumes from its latest checkpoint.",
 )
-#: every subcommand, in ``calibtune --help`` order: ``train``, then the study service's
-SUBCOMMANDS: dict[str, Command] = {"train": TRAIN, **STUDY_COMMANDS}
+#: every subcommand, in ``calibtune --help`` order: ``train``, then the study service's, then
+#: ``data`` (fetch, verify)
+SUBCOMMANDS: dict[str, Command] = {"train": TRAIN, **STUDY_COMMANDS, "data": DATA}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""OOD sets: SVHN .mat, CIFAR-10-C .npy (read and generated), and the embedded near/far sets."""
+"""OOD sets: SVHN .mat, CIFAR-10-C .npy (read; Gaussian noise generated only as the named set
+cifar10c_generated), and the embedded near/far sets."""
 
 from __future__ import annotations
 
@@ -87,7 +88,14 @@ def all_x(dataset: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor
 
 
 def test_registry_lists_every_ood_set() -> None:
-    expected = ["cifar10c", "digits_far", "digits_noise", "mnist1d_far", "svhn"]
+    expected = [
+        "cifar10c",
+        "cifar10c_generated",
+        "digits_far",
+        "digits_noise",
+        "mnist1d_far",
+        "svhn",
+    ]
     assert list_ood() == expected == OOD_SETS.names()
     with pytest.raises(ValueError, match=r"unknown OOD set 'lsun'; expected one of: cifar10c, "):
         load_ood("lsun")
@@ -213,9 +221,25 @@ def test_cifar10c_missing_one_line_error(tmp_path: Path) -> None:
     assert "\n" not in msg and msg.startswith("cifar10c: dataset files not found: expected ")
     assert f"{tmp_path / 'CIFAR-10-C'}/ with fog.npy and labels.npy" in msg
     assert "https://zenodo.org/records/2535967" in msg
+    assert f"run `calibtune data fetch cifar10c --root {tmp_path}`" in msg
     assert "generated" not in msg  # only Gaussian noise can be generated
-    with pytest.raises(DatasetNotFoundError, match=r"also works, the corruption is then generated"):
+    with pytest.raises(DatasetNotFoundError, match=r"the named set cifar10c_generated generates"):
         load_ood("cifar10c", root=tmp_path)
+
+
+def test_cifar10c_never_generates_silently(tmp_path: Path) -> None:
+    # issue 30 item 5: CIFAR-10's test set present, CIFAR-10-C absent -> refused, nothing written
+    write_cifar10_test(tmp_path, n=10)
+    with pytest.raises(DatasetNotFoundError, match=r"calibtune data fetch cifar10c"):
+        load_ood("cifar10c", root=tmp_path)
+    assert not (tmp_path / "CIFAR-10-C-generated").exists()
+    o = load_ood("cifar10c_generated", root=tmp_path, severity=5)
+    assert (o.name, o.corruption, o.severity, len(o.dataset)) == (
+        "cifar10c_generated",
+        "gaussian_noise",
+        5,
+        10,
+    )
 
 
 def test_gaussian_noise_by_hand() -> None:
@@ -243,7 +267,7 @@ def test_cifar10c_generated_from_cifar10_and_cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     write_cifar10_test(tmp_path, n=20, value=128)
-    o = load_ood("cifar10c", root=tmp_path, severity=5, seed=3)
+    o = load_ood("cifar10c_generated", root=tmp_path, severity=5, seed=3)
     assert (o.severity, o.corruption, len(o.dataset)) == (5, "gaussian_noise", 20)
     raw = o.dataset.images.float()
     assert raw.std().item() == pytest.approx(0.10 * 255, rel=0.03)
@@ -259,17 +283,17 @@ def test_cifar10c_generated_from_cifar10_and_cached(
     assert np.array_equal(data[80:100].transpose(0, 3, 1, 2), o.dataset.images.numpy())
     # second call reads the cache and must not regenerate
     monkeypatch.setattr(ood_module, "_generate_gaussian", lambda *a: pytest.fail("regenerated"))
-    again = load_ood("cifar10c", root=tmp_path, severity=1, seed=3)
+    again = load_ood("cifar10c_generated", root=tmp_path, severity=1, seed=3)
     assert np.array_equal(data[0:20].transpose(0, 3, 1, 2), again.dataset.images.numpy())
 
 
 def test_cifar10c_generation_is_seeded(tmp_path: Path) -> None:
     write_cifar10_test(tmp_path, n=10)
-    a = load_ood("cifar10c", root=tmp_path, severity=2, seed=0).dataset.images
-    b = load_ood("cifar10c", root=tmp_path, severity=2, seed=1).dataset.images
+    a = load_ood("cifar10c_generated", root=tmp_path, severity=2, seed=0).dataset.images
+    b = load_ood("cifar10c_generated", root=tmp_path, severity=2, seed=1).dataset.images
     assert not torch.equal(a, b)
     (tmp_path / "CIFAR-10-C-generated" / "seed0" / "gaussian_noise.npy").unlink()
-    again = load_ood("cifar10c", root=tmp_path, severity=2, seed=0).dataset.images
+    again = load_ood("cifar10c_generated", root=tmp_path, severity=2, seed=0).dataset.images
     assert torch.equal(a, again)  # regenerated identically
 
 

@@ -260,7 +260,8 @@ def test_paper_studies_stop_before_any_trial_when_files_are_missing(
         assert "trial.scaling.use_gpu: expected a visible GPU on this machine" in err[0]
     else:
         assert "cifar10: dataset files not found" in err[0]
-        assert "cifar-10-batches-py" in err[0] and "never downloads" in err[0]
+        assert "cifar-10-batches-py" in err[0]
+        assert f"run `calibtune data fetch cifar10 --root {tmp_path / 'data'}`" in err[0]
     assert list(tmp_path.iterdir()) == []  # nothing written: no study state, no MLflow store
 
 

@@ -18,6 +18,7 @@ from ._common import (
 )
 from ._datasets import DATASETS, dataset_shape, dataset_stats, list_datasets, load_splits
 from ._digest import DataInput, data_inputs, dataset_digest
+from ._fetch import MIRROR_ENV, Fetched, FetchError, fetch, root_lock
 from ._ood import (
     CIFAR10C_CORRUPTIONS,
     OOD_SETS,
@@ -38,18 +39,29 @@ from ._shift import (
     shift_sets_for,
     shift_severities,
 )
+from ._sources import FETCH_SETS, Download, FetchSet, fetch_set
+from ._verify import DataVerificationError, SetCheck, check_stamp, verify_set
 
 __all__ = [
     "CIFAR10C_CORRUPTIONS",
     "DATASETS",
+    "FETCH_SETS",
+    "MIRROR_ENV",
     "OOD_SETS",
     "SEVERITIES",
     "BatchAugment",
     "DataInput",
+    "DataVerificationError",
     "DatasetNotFoundError",
+    "Download",
+    "FetchError",
+    "FetchSet",
+    "Fetched",
     "NormalizedImages",
     "OODSet",
+    "SetCheck",
     "Splits",
+    "check_stamp",
     "data_inputs",
     "dataset_digest",
     "dataset_labels",
@@ -57,6 +69,8 @@ __all__ = [
     "dataset_stats",
     "default_ood",
     "default_shift",
+    "fetch",
+    "fetch_set",
     "gaussian_noise_uint8",
     "get_shift",
     "list_datasets",
@@ -67,7 +81,9 @@ __all__ = [
     "load_splits",
     "ood_severities",
     "ood_twin",
+    "root_lock",
     "shift_sets_for",
     "shift_severities",
     "stratified_holdout",
+    "verify_set",
 ]

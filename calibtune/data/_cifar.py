@@ -1,8 +1,9 @@
 """CIFAR-10 / CIFAR-100 from the official "python version" pickle batches.
 
 torchvision's ``CIFAR10``/``CIFAR100`` classes check fixed MD5 sums and therefore reject any
-other well-formed file (a subset, a test fixture); this reader checks the structure instead and
-keeps torchvision's transforms for augmentation.
+other well-formed file (a subset, a test fixture); this reader checks the structure, plus the
+stamp ``calibtune data fetch`` records (`calibtune.data._verify`), and keeps torchvision's
+transforms for augmentation.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from ._common import (
     stratified_holdout,
     validation_count,
 )
+from ._verify import check_stamp
 
 __all__ = [
     "CIFAR_LAYOUTS",
@@ -99,9 +101,9 @@ def _missing_error(layout: CifarLayout, folder: Path, missing: list[str]) -> Dat
     files = ", ".join(layout.files())
     return DatasetNotFoundError(
         f"{layout.name}: dataset files not found: expected {folder}/ with {files} "
-        f"(missing: {', '.join(missing)}); get the official python version "
-        f"({layout.archive}) from {CIFAR_URL} and extract it into {folder.parent} "
-        f"(calibtune never downloads)"
+        f"(missing: {', '.join(missing)}); run `calibtune data fetch {layout.name} --root "
+        f"{folder.parent}` (or get the official python version ({layout.archive}) from "
+        f"{CIFAR_URL} and extract it into {folder.parent})"
     )
 
 
@@ -147,7 +149,8 @@ def _read_batch(path: Path, layout: CifarLayout) -> tuple[np.ndarray, np.ndarray
 def read_cifar(root: str | Path | None, name: str, *, test_only: bool = False) -> CifarArrays:
     """Read ``<root>/cifar-10-batches-py`` (or ``cifar-100-python``) after checking every file.
 
-    Raises `DatasetNotFoundError` when files are missing and ``ValueError`` when one is
+    Raises `DatasetNotFoundError` when files are missing, `DataVerificationError` when one
+    changed since ``calibtune data fetch`` recorded it, and ``ValueError`` when one is
     malformed. ``test_only`` skips the training batches (CIFAR-10-C generation needs only the
     test set).
     """
@@ -159,6 +162,7 @@ def read_cifar(root: str | Path | None, name: str, *, test_only: bool = False) -
     )
     if missing:
         raise _missing_error(layout, folder, missing)
+    check_stamp(folder.parent, name, [f"{layout.folder}/{f}" for f in needed])
     meta = _unpickle(folder / layout.meta_file, name)
     names = meta.get(layout.names_key) if isinstance(meta, dict) else None
     if not isinstance(names, list) or len(names) != layout.num_classes:

@@ -45,8 +45,9 @@ def data_param(name: str, default: Any, doc: str, **rule: Any) -> Param:
 
 class DatasetNotFoundError(ValueError):
     """A dataset's files are missing; the one-line message names the dataset, the expected path
-    and file names, and where the official files come from. Raised by ``load_splits`` /
-    ``load_ood`` before any training starts; calibtune never downloads."""
+    and file names, the ``calibtune data fetch`` command that gets them and where the official
+    files come from. Raised by ``load_splits`` / ``load_ood`` before any training starts;
+    loading never downloads."""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,10 @@
 """Out-of-distribution sets: ``load_ood(name, root=None, in_distribution=None, ...) -> OODSet``.
 
 Real sets (files): ``svhn`` (SVHN test, 26,032 images) and ``cifar10c`` (CIFAR-10-C, any of its
-19 corruptions at severity 1–5; Gaussian noise at severity 5 is the seeds' setting).
+19 corruptions at severity 1–5; Gaussian noise at severity 5 is the seeds' setting), both as
+``calibtune data fetch`` writes them. ``cifar10c_generated`` is CIFAR-10-C's Gaussian noise
+generated from CIFAR-10's test set: a named set of its own, never a silent stand-in for
+``cifar10c`` (its metrics and lineage say ``cifar10c_generated``).
 Embedded sets (no files): ``digits_noise`` (near-OOD: Gaussian-noise corruption of the digits
 test images, severity 1–5), ``digits_far`` (far-OOD: greyscale patches of scikit-learn's
 two sample photographs) and ``mnist1d_far`` (far-OOD: scanline segments of the same
@@ -20,10 +23,11 @@ import torch
 from torch.utils.data import TensorDataset
 
 from .._registry import Param, Registry
-from ._cifar import CIFAR_URL, read_cifar
+from ._cifar import read_cifar
 from ._common import DatasetNotFoundError, NormalizedImages, OODSet, data_param, resolve_root
 from ._datasets import DATASETS, dataset_shape, dataset_stats
 from ._embedded import digits_arrays, sklearn_files
+from ._verify import check_stamp
 
 # Lazy: SciPy's .mat reader (SVHN) and scikit-learn's sample photos are imported by the OOD
 # sets that use them, so that `calibtune train` without those sets skips them.
@@ -125,9 +129,10 @@ def _svhn(root: Any, in_distribution: str) -> OODSet:
     if not path.is_file():
         raise DatasetNotFoundError(
             f"svhn: dataset file not found: expected {path} (the cropped-digits test set, "
-            f"format 2); get test_32x32.mat from {SVHN_URL} and put it into {path.parent} "
-            f"(calibtune never downloads)"
+            f"format 2); run `calibtune data fetch svhn --root {path.parent}` (or get "
+            f"test_32x32.mat from {SVHN_URL} and put it into {path.parent})"
         )
+    check_stamp(path.parent, "svhn", [path.name])
     from scipy.io import loadmat
 
     try:
@@ -194,62 +199,85 @@ def _generate_gaussian(root: Path, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
+_CIFAR10C_PARAMS = [
+    _ROOT,
+    _in_distribution("cifar10"),
+    data_param(
+        "corruption",
+        "gaussian_noise",
+        "CIFAR-10-C corruption (file <corruption>.npy)",
+        kind="categorical",
+        choices=CIFAR10C_CORRUPTIONS,
+    ),
+    _SEVERITY,
+]
+
+
 @OOD_SETS.register(
     "cifar10c",
-    params=[
-        _ROOT,
-        _in_distribution("cifar10"),
-        data_param(
-            "corruption",
-            "gaussian_noise",
-            "CIFAR-10-C corruption (file <corruption>.npy)",
-            kind="categorical",
-            choices=CIFAR10C_CORRUPTIONS,
-        ),
-        _SEVERITY,
-        _SEED,
-    ],
-    summary="CIFAR-10-C (Hendrycks & Dietterich 2019) corruption at one severity; Gaussian "
-    "noise can be generated from CIFAR-10's test set when the .npy files are absent",
+    params=_CIFAR10C_PARAMS,
+    summary="CIFAR-10-C (Hendrycks & Dietterich 2019) corruption at one severity, from the "
+    "official .npy files (`calibtune data fetch cifar10c`)",
     tags=("files", "near"),
 )
-def _cifar10c(root: Any, in_distribution: str, corruption: str, severity: int, seed: int) -> OODSet:
+def _cifar10c(root: Any, in_distribution: str, corruption: str, severity: int) -> OODSet:
     base = resolve_root(root, "cifar10c")
     official = base / "CIFAR-10-C"
-    generated = base / GENERATED_FOLDER / f"seed{seed}"
-    if (official / f"{corruption}.npy").is_file() and (official / "labels.npy").is_file():
-        images, labels = _read_corruption(
-            official / f"{corruption}.npy", official / "labels.npy", severity
-        )
-    elif corruption == "gaussian_noise" and (generated / "gaussian_noise.npy").is_file():
-        images, labels = _read_corruption(
-            generated / "gaussian_noise.npy", generated / "labels.npy", severity
-        )
-    elif corruption == "gaussian_noise" and (base / "cifar-10-batches-py" / "test_batch").is_file():
-        data, all_labels = _generate_gaussian(base, seed)
-        per = data.shape[0] // 5
-        rows = slice(per * (severity - 1), per * severity)
-        images, labels = data[rows], all_labels[rows].astype(np.int64)
-    else:
+    if not ((official / f"{corruption}.npy").is_file() and (official / "labels.npy").is_file()):
         alt = (
-            f"; for gaussian_noise the CIFAR-10 test set ({base}/cifar-10-batches-py/test_batch, "
-            f"batches.meta; {CIFAR_URL}) also works, the corruption is then generated and cached"
+            "; without them, the named set cifar10c_generated generates Gaussian noise from "
+            "CIFAR-10's test set (another draw, recorded under its own name)"
             if corruption == "gaussian_noise"
             else ""
         )
         raise DatasetNotFoundError(
             f"cifar10c: dataset files not found: expected {official}/ with {corruption}.npy and "
-            f"labels.npy; get CIFAR-10-C.tar from {CIFAR10C_URL} and extract it into {base}"
-            f"{alt} (calibtune never downloads)"
+            f"labels.npy; run `calibtune data fetch cifar10c --root {base}` (or get "
+            f"CIFAR-10-C.tar from {CIFAR10C_URL} and extract it into {base}){alt}"
         )
+    check_stamp(base, "cifar10c", [f"CIFAR-10-C/{corruption}.npy", "CIFAR-10-C/labels.npy"])
+    images, labels = _read_corruption(
+        official / f"{corruption}.npy", official / "labels.npy", severity
+    )
+    return _corrupted("cifar10c", images, labels, severity, corruption, in_distribution)
+
+
+def _corrupted(
+    name: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    severity: int,
+    corruption: str,
+    in_distribution: str,
+) -> OODSet:
+    """`OODSet` of NHWC uint8 CIFAR-10-C rows, normalised with ``in_distribution``'s stats."""
     tensor = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2)))
     mean, std = dataset_stats(in_distribution)
-    return OODSet(
-        "cifar10c",
-        NormalizedImages(tensor, torch.from_numpy(labels), mean, std),
-        severity,
-        corruption,
-        in_distribution,
+    dataset = NormalizedImages(tensor, torch.from_numpy(labels), mean, std)
+    return OODSet(name, dataset, severity, corruption, in_distribution)
+
+
+@OOD_SETS.register(
+    "cifar10c_generated",
+    params=[_ROOT, _in_distribution("cifar10"), _SEVERITY, _SEED],
+    summary="CIFAR-10-C Gaussian noise generated from CIFAR-10's test set (the reference "
+    "formula, another noise draw than the official files); cached under CIFAR-10-C-generated/",
+    tags=("files", "near", "generated"),
+)
+def _cifar10c_generated(root: Any, in_distribution: str, severity: int, seed: int) -> OODSet:
+    base = resolve_root(root, "cifar10c_generated")
+    cached = base / GENERATED_FOLDER / f"seed{seed}"
+    if (cached / "gaussian_noise.npy").is_file() and (cached / "labels.npy").is_file():
+        images, labels = _read_corruption(
+            cached / "gaussian_noise.npy", cached / "labels.npy", severity
+        )
+    else:
+        data, all_labels = _generate_gaussian(base, seed)
+        per = data.shape[0] // 5
+        rows = slice(per * (severity - 1), per * severity)
+        images, labels = data[rows], all_labels[rows].astype(np.int64)
+    return _corrupted(
+        "cifar10c_generated", images, labels, severity, "gaussian_noise", in_distribution
     )
 
 

@@ -6,8 +6,9 @@ holds it) and, where calibtune can reproduce the corruption, the *validation* sp
 
 - ``digits_noise`` (digits): test side = OOD set ``digits_noise``; validation side = the same
   noise on the validation images;
-- ``cifar10c-gaussian_noise`` (cifar10): test side = CIFAR-10-C ``gaussian_noise.npy`` (or
-  generated, as for the OOD set); validation side = the same noise on the validation images;
+- ``cifar10c-gaussian_noise`` (cifar10): test side = CIFAR-10-C ``gaussian_noise.npy`` (the
+  official file: ``calibtune data fetch cifar10c``); validation side = the same noise on the
+  validation images;
 - ``cifar10c-<corruption>`` (cifar10, the other 18): test side = CIFAR-10-C
   ``<corruption>.npy``; no validation side.
 

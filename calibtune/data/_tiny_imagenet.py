@@ -31,6 +31,7 @@ from ._common import (
     stratified_holdout,
     validation_count,
 )
+from ._verify import check_stamp
 
 __all__ = ["TINY_MEAN", "TINY_STD", "ImageFiles", "load_tiny_imagenet_splits"]
 
@@ -87,8 +88,9 @@ def _missing(folder: Path, what: str) -> DatasetNotFoundError:
     return DatasetNotFoundError(
         f"tiny_imagenet: dataset files not found: expected {folder}/ with wnids.txt, "
         f"train/<wnid>/images/*.JPEG, val/val_annotations.txt and val/images/*.JPEG "
-        f"(missing: {what}); get the official tiny-imagenet-200.zip from {TINY_URL} and "
-        f"extract it into {folder.parent} (calibtune never downloads)"
+        f"(missing: {what}); run `calibtune data fetch tiny_imagenet --root {folder.parent}` "
+        f"(or get the official tiny-imagenet-200.zip from {TINY_URL} and extract it into "
+        f"{folder.parent})"
     )
 
 
@@ -118,6 +120,7 @@ def read_tiny_imagenet(
         wnids = sorted(p.name for p in train_dir.iterdir() if p.is_dir())
     if not wnids:
         raise _missing(folder, "class folders under train/")
+    check_stamp(folder.parent, "tiny_imagenet")  # one stat per file fetched
     index = {w: i for i, w in enumerate(wnids)}
     train_paths: list[Path] = []
     train_labels: list[np.ndarray] = []
