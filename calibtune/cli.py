@@ -144,6 +144,17 @@ def _warn_version_drift(path: str) -> None:
         )
 
 
+def _check_fetched(cfg: Any) -> None:
+    """Refuse, before Ray starts, a set fetched by ``calibtune data fetch`` whose files changed
+    since (one ``os.stat`` per file against the fetch record; docs/data.md)."""
+    from calibtune.data import check_fetched
+
+    try:
+        check_fetched(cfg.data.name, cfg.data.root, cfg.data.ood, cfg.data.shift)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     if not args.verbose:
         quiet_output()
@@ -162,6 +173,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         overrides.append(f"name={args.name}")
     cfg = _train_config(args, overrides)
     _warn_version_drift(args.config)
+    _check_fetched(cfg)
     # workers on a local Ray: their output (Ray Train's lines, worker prefixes) stays in Ray's
     # logs unless --verbose; the epoch lines are relayed (on a cluster they come prefixed)
     local_ray = "RAY_ADDRESS" not in os.environ

@@ -18,7 +18,7 @@ from ._common import (
 )
 from ._datasets import DATASETS, dataset_shape, dataset_stats, list_datasets, load_splits
 from ._digest import DataInput, data_inputs, dataset_digest
-from ._fetch import MIRROR_ENV, Fetched, FetchError, fetch, root_lock
+from ._fetch import MIRROR_ENV, Fetched, FetchError, fetch, fetch_argv, root_lock
 from ._ood import (
     CIFAR10C_CORRUPTIONS,
     OOD_SETS,
@@ -40,7 +40,14 @@ from ._shift import (
     shift_severities,
 )
 from ._sources import FETCH_SETS, Download, FetchSet, fetch_set
-from ._verify import DataVerificationError, SetCheck, check_stamp, verify_set
+from ._verify import (
+    DataVerificationError,
+    SetCheck,
+    check_fetched,
+    check_stamp,
+    sets_read_by,
+    verify_set,
+)
 
 __all__ = [
     "CIFAR10C_CORRUPTIONS",
@@ -61,6 +68,7 @@ __all__ = [
     "OODSet",
     "SetCheck",
     "Splits",
+    "check_fetched",
     "check_stamp",
     "data_inputs",
     "dataset_digest",
@@ -70,6 +78,7 @@ __all__ = [
     "default_ood",
     "default_shift",
     "fetch",
+    "fetch_argv",
     "fetch_set",
     "gaussian_noise_uint8",
     "get_shift",
@@ -82,6 +91,7 @@ __all__ = [
     "ood_severities",
     "ood_twin",
     "root_lock",
+    "sets_read_by",
     "shift_sets_for",
     "shift_severities",
     "stratified_holdout",

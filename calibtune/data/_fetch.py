@@ -32,16 +32,25 @@ import time
 import urllib.error
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ._common import resolve_root
 from ._sources import Download, FetchSet, fetch_set
-from ._verify import STATE_DIR, md5_file, record_stamp, verify_set
+from ._verify import STATE_DIR, md5_file, record_stamp, sets_read_by, verify_set
 
-__all__ = ["MIRROR_ENV", "FetchError", "download_url", "fetch", "mirror_url", "root_lock"]
+__all__ = [
+    "MIRROR_ENV",
+    "FetchError",
+    "Fetched",
+    "download_url",
+    "fetch",
+    "fetch_argv",
+    "mirror_url",
+    "root_lock",
+]
 
 #: environment variable naming a lab mirror (same file names as the official hosts)
 MIRROR_ENV = "CALIBTUNE_DATA_MIRROR"
@@ -318,3 +327,25 @@ def fetch(
         _record(fs, base)
     where = mirror or "the official hosts"
     return Fetched(name, "fetched", f"{len(files)} file(s) from {where}, checked, in {base}")
+
+
+def fetch_argv(
+    dataset: str,
+    root: str,
+    ood: Sequence[str] | None = None,
+    shift: Sequence[str] | None = None,
+    mirror: str | None = None,
+) -> list[str]:
+    """The ``calibtune data fetch`` command line that gets every set a trial reads into
+    ``root`` (empty when it reads no files): what a cluster job runs before the first trial —
+    every node may run it, the root's lock and stamps make it download each file once.
+
+    >>> fetch_argv("cifar10", "/shared/data", ood=["svhn"], shift=[])
+    ['calibtune', 'data', 'fetch', 'cifar10', 'svhn', '--root', '/shared/data']
+    """
+    names = sets_read_by(dataset, ood, shift)
+    if not names:
+        return []
+    return ["calibtune", "data", "fetch", *names, "--root", root] + (
+        ["--mirror", mirror] if mirror else []
+    )
