@@ -22,6 +22,7 @@ GROUPS = {
             "tests/test_constraints.py",
             "tests/test_paired_report.py",
             "tests/test_placement.py",
+            "tests/test_preemption.py",
             "tests/test_results_studies.py",
             "tests/test_study_e2e.py",
             "tests/test_study_rounds.py",

@@ -239,12 +239,16 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
 @pytest.mark.timeout(600)  # a bound: 1.5-3 min measured on the shared 2-core machine
 def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_path: Path) -> None:
     """SIGKILL the second node's raylet during epoch 4 of a trial whose ranks run on both nodes
-    (``SPREAD``, ``max_failures: 0``, ``checkpoint_every: 2``): the trial fails, the study says
-    so (exit 1: every trial failed); ``calibtune resume`` on the remaining head node then
-    finishes it in the same MLflow run from its epoch-2 checkpoint, re-running epoch 3."""
+    (``SPREAD``, ``max_failures: 0`` for Train and Tune, ``checkpoint_every: 2``): the trial
+    fails, the study says so (exit 1: every trial failed); ``calibtune resume`` on the remaining
+    head node then finishes it in the same MLflow run from its epoch-2 checkpoint, re-running
+    epoch 3."""
     scaling = {"placement_strategy": "SPREAD", "max_failures": 0}
     # 8 epochs: the kill after epoch 3 lands mid-training even on an idle machine
     study = _study(tmp_path, "ddp_raylet", epochs=8, scaling=scaling, every=2, trials=1, batch=8)
+    raw = yaml.safe_load(study.read_text())
+    raw["search"]["max_failures"] = 0  # no retry by Tune: the trial fails, `resume` finishes it
+    study.write_text(yaml.safe_dump(raw, sort_keys=False))
     proc = _run(cluster, tmp_path, study)
     first = _wait_for_epoch(tmp_path, proc, epoch=3)
     ranks = _workers(tmp_path, "ddp_raylet", first)["ranks"]

@@ -99,9 +99,15 @@ def _print_outcome(outcome: Any) -> None:
     print(f"export the best config:     calibtune export {outcome.storage} --top 1")
 
 
+#: `run`/`resume`: every trial ended and one finished, but some failed for good (their own
+#: error, or a lost node or process past ``search.max_failures`` retries)
+TRIALS_FAILED_EXIT = 3
+
+
 def _exit_code(outcome: Any, command: str = "run") -> int:
-    """0 only when every trial ended (finished, failed with its reason, or stopped early by the
-    scheduler) and at least one finished; 130/143 after SIGINT/SIGTERM (state saved); 75 when
+    """0 only when every trial ended (finished, or stopped early by the scheduler) and at least
+    one finished; 3 (`TRIALS_FAILED_EXIT`) when so but some trials failed for good; 1 when none
+    finished or some are left unfinished; 130/143 after SIGINT/SIGTERM (state saved); 75 when
     the storage filled up (state saved: free space, then resume)."""
     from calibtune.study._search import SIGNAL_EXIT, STORAGE_FULL_EXIT
 
@@ -129,7 +135,16 @@ def _exit_code(outcome: Any, command: str = "run") -> int:
             file=sys.stderr,
         )
         return 1
-    return 0 if outcome.counts.get("finished", 0) > 0 else 1
+    if outcome.counts.get("finished", 0) == 0:
+        return 1
+    if (failed := outcome.counts.get("failed", 0)) > 0:
+        print(
+            f"calibtune: study {outcome.name}: expected every trial to finish, found {failed} "
+            f"failed for good (reasons: `calibtune compare {outcome.storage}`)",
+            file=sys.stderr,
+        )
+        return TRIALS_FAILED_EXIT
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -99,7 +99,7 @@ class SearchConfig:
     scheduler: str = "none"
     grace_period: int = 1
     seeds: tuple[int, ...] = (1,)
-    max_failures: int = 0
+    max_failures: int = 3  # retries of a lost process or node; a trial's own error: none
     reuse_actors: bool = True  # a Tune trial process trains trial after trial (imports paid once)
     optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
     constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (study/_constraints.py)

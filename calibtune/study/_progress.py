@@ -316,6 +316,16 @@ def _progress(
             self._line(trials, trial, f"{_done(result)}: {objective.metric}={shown}")
             summarize(trial, False)
 
+        def on_trial_recover(self, iteration, trials, trial, **info):  # type: ignore[override]
+            # neither failed in MLflow nor told to Optuna: the retry continues the same run
+            from calibtune.study._scheduling import error_line, last_error, retryable
+
+            error = last_error(trial)
+            if not retryable(error):
+                return  # its own error: the scheduler ends it at once (`on_trial_error`'s line)
+            why = error_line(error)
+            self._line(trials, trial, f"failed ({why}); retried from its last checkpoint")
+
         def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
             child = _child(payload, trial.trial_id)
             tags = child.data.tags if child is not None else {}
@@ -338,6 +348,11 @@ def _progress(
     return Progress()
 
 
+def _on_disk(storage: Any) -> bool:
+    """Whether the study's storage is a local disk (a bucket has no free space to guard)."""
+    return bool(getattr(storage, "is_local", True))
+
+
 def _storage_guard(storage: Path) -> Any:
     from ray.tune import Callback
 
@@ -355,7 +370,7 @@ def _storage_guard(storage: Path) -> Any:
                 request_stop(storage)
                 return
             now = time.monotonic()
-            if self.message is not None or now - self.last < 1.0:
+            if self.message is not None or now - self.last < 1.0 or not _on_disk(storage):
                 return
             self.last = now
             free, need = shutil.disk_usage(storage).free, min_free_bytes()

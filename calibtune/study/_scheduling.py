@@ -10,12 +10,20 @@ actor only after that call in the same step, and the trainable only once the act
 The cost is one state save per batch of new trials. A save that hit a full disk (ENOSPC,
 `calibtune.study._diskfull`) starts nothing: it ends Tune's run with `StorageFullError` (Tune
 stops the running trials, as a killed driver would) and `resume` continues from the last save.
+
+A trial whose process or node was lost (a preempted or drained node, a killed raylet, an
+out-of-memory kill) is what Tune's ``max_failures`` retries, from the trial's last checkpoint; a
+trial's own error (bad input, a non-finite loss, a bug in its code: `retryable`) would fail the
+same way again, so `DurableStarts` ends it at once instead of letting Tune requeue it. Tune tells
+the searcher (Optuna) and the callbacks only of the final outcome, after the retries.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from ray.exceptions import RayActorError
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from calibtune._failpoints import failpoint
@@ -25,7 +33,87 @@ from calibtune.study._diskfull import StorageFullError, storage_full
 # Imported by `_search` only when a study runs (this module loads Ray). The scheduler travels in
 # Tune's pickled tuner state, so its classes live at module level.
 
-__all__ = ["DurableASHAScheduler", "DurableFIFOScheduler", "DurableStarts", "make_scheduler"]
+__all__ = [
+    "DurableASHAScheduler",
+    "DurableFIFOScheduler",
+    "DurableStarts",
+    "make_scheduler",
+    "retryable",
+]
+
+#: a lost process or node, in the text of a trial's error (Ray's wording, the remote traceback's
+#: exception names): retried even when the trial's own code raised after it (a DDP rank whose
+#: peer's node died fails its collective)
+LOST = (
+    "RayActorError",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "NodeDiedError",
+    "WorkerCrashedError",
+    "OwnerDiedError",
+    "ObjectLostError",
+    "was preempted",
+    "node was terminated",
+    "The actor died unexpectedly",
+)
+#: the trial's own errors (`calibtune.trial._errors.failure`, `calibtune.trial._driver`): bad
+#: input, divergence, an unexpected error inside the training loop; deterministic, not retried
+OWN = (
+    "NonFiniteLossError",
+    "non-finite loss at epoch",
+    "TrialStepError",
+    "DatasetNotFoundError",
+    "ValueError: ",
+    "No space left on device",  # the study stops for a full disk (`_diskfull`), then resumes
+)
+
+
+def retryable(error: BaseException | str | None) -> bool:
+    """Whether a trial that failed with ``error`` (Tune's pickled error, else the text of its
+    error file) should be retried: yes for a lost process or node (`LOST`: Ray's actor and node
+    errors) and for an error of unknown kind, no for the trial's own errors (`OWN`).
+
+    >>> retryable("ray.exceptions.ActorDiedError: The actor died unexpectedly")
+    True
+    >>> retryable("TrialFailedError: non-finite loss at epoch 1, step 3")
+    False
+    >>> retryable(None)
+    True
+    """
+    if isinstance(error, RayActorError):
+        return True
+    text = "" if error is None else str(error)
+    if any(marker in text for marker in LOST):
+        return True
+    return not any(marker in text for marker in OWN)
+
+
+def last_error(trial: Any) -> BaseException | str | None:
+    """The trial's latest error, from the files Tune has just written in the trial's local
+    folder (the storage's copy comes later): Tune's pickle of it, else the last entry of its
+    error text."""
+    import cloudpickle
+
+    try:
+        if trial.pickled_error_file and Path(trial.pickled_error_file).is_file():
+            return cloudpickle.loads(Path(trial.pickled_error_file).read_bytes())
+        if trial.error_file and Path(trial.error_file).is_file():
+            return Path(trial.error_file).read_text().split("Failure # ")[-1]
+    except Exception:  # an unreadable error file (a full disk): treat the error as unknown
+        pass
+    return None
+
+
+def error_line(error: BaseException | str | None) -> str:
+    """One line of a trial's error for the progress output.
+
+    >>> error_line("Failure # 1\nTraceback ...\nray.exceptions.ActorDiedError: The actor died")
+    'ray.exceptions.ActorDiedError: The actor died'
+    """
+    if error is None:
+        return "no details"
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:200]
 
 
 class DurableStarts:
@@ -34,8 +122,31 @@ class DurableStarts:
     has seen yet (Tune only appends to its trial list, so its length says so)."""
 
     _saved_trials = 0  # trials in the controller at the last forced save (0 after a restore)
+    _doomed: dict[str, Any] | None = None  # requeued trials whose error was their own
+
+    def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
+        # Tune calls this when it gives a trial up (the trial still RUNNING) and, the trial
+        # already stopped (ERROR), just before it requeues the trial for a retry
+        if trial.status == "ERROR":
+            error = last_error(trial)
+            if not retryable(error):
+                self._doomed = {**(self._doomed or {}), trial.trial_id: error}
+        super().on_trial_error(tune_controller, trial)  # type: ignore[misc]
+
+    def _fail_own_errors(self, tune_controller: Any) -> None:
+        """End the requeued trials whose error was their own before anything starts them: as
+        Tune ends a trial out of retries (the searcher, the scheduler, the callbacks told)."""
+        controller = getattr(tune_controller, "_tune_controller", tune_controller)
+        doomed, self._doomed = self._doomed or {}, None
+        for trial in controller.get_trials():
+            if trial.trial_id in doomed and trial.status == "PENDING":
+                error = doomed[trial.trial_id]
+                exc = error if isinstance(error, BaseException) else RuntimeError(error)
+                controller._process_trial_failure(trial, exception=exc)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        if self._doomed:
+            self._fail_own_errors(tune_controller)
         known = len(tune_controller.get_trials())
         if known > self._saved_trials:
             # The scheduler only gets a facade of the controller; saving is not on its list.

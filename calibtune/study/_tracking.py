@@ -412,6 +412,9 @@ class ChildRun:
             client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             if TAG_ERROR in found[0].data.tags:  # an earlier attempt's reason (a full disk)
                 client.delete_tag(self.run_id, TAG_ERROR)
+            for k, v in tags.items():  # e.g. the node of this attempt (a retry, a restore)
+                if found[0].data.tags.get(k) != v:
+                    client.set_tag(self.run_id, k, v)
         else:
             run = client.create_run(
                 self.experiment_id,
