@@ -12,7 +12,7 @@ venv: $(STAMP)
 # Re-install only when the declared or pinned dependencies change.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,gpu]"
 	touch $(STAMP)
 
 # The embedded quickstart study (digits, 4 losses, 8 trials); re-running continues/reuses it.

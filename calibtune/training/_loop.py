@@ -238,10 +238,10 @@ def train_epochs(
         lr = spec.lr_at(epoch)
         for group in spec.optimizer.param_groups:
             group["lr"] = lr
-        monitor = DeviceMonitor(spec.device).start()
-        totals, updates = _train_epoch(spec, sources, epoch, lr, infer)
-        train_time = time.perf_counter() - t0
-        busy = monitor.stop()
+        with DeviceMonitor(spec.device) as monitor:  # its thread ends if the epoch raises
+            totals, updates = _train_epoch(spec, sources, epoch, lr, infer)
+            train_time = time.perf_counter() - t0
+            busy = monitor.stop()
         metrics, cache = _evaluate_epoch(spec, sources, epoch, lr, totals, updates, infer)
         metrics["train_time"] = train_time
         metrics["samples_per_s"] = len(sources.train) / train_time  # all ranks together
@@ -293,7 +293,10 @@ class _Totals:
             dist.all_reduce(step_t, op=dist.ReduceOp.MIN)
             step, loss = step_t.item(), math.nan  # the loss itself stays on its rank
         else:
-            step, loss = torch.stack([first.double(), losses[first - 1]]).tolist() if n else (0, 0)
+            step, loss = 0, 0
+            if n:  # a tensor index: ``losses[first - 1]`` would read ``first`` to the host
+                at = (first - 1).clamp(min=0).reshape(1)
+                step, loss = torch.cat([first.double().reshape(1), losses[at]]).cpu().tolist()
             step = step if step > 0 else math.inf
         if math.isfinite(step):
             raise _non_finite(epoch, int(step), loss, lr)

@@ -114,6 +114,12 @@ def local_machine() -> tuple[dict[str, float], str]:
     return have, f"this machine (a local Ray{hidden})"
 
 
+def _no_cuda_here() -> str:
+    from calibtune.training._utilisation import cuda_unavailable_reason
+
+    return cuda_unavailable_reason() or "torch sees no CUDA device"
+
+
 def check_resources(
     cfg: TrialConfig, available: Mapping[str, float], where: str = "the Ray cluster"
 ) -> None:
@@ -128,8 +134,9 @@ def check_resources(
             continue
         if res == "GPU" and have == 0:
             key = "resources_per_worker.GPU" if "GPU" in s.resources_per_worker else "use_gpu"
+            why = f" ({_no_cuda_here()})" if where.startswith("this machine") else ""
             raise ValueError(
-                f"scaling.{key}: expected a visible GPU on {where}, found none; set "
+                f"scaling.{key}: expected a visible GPU on {where}, found none{why}; set "
                 "scaling.use_gpu: false, or run where there is one"
             )
         workers = f"{s.num_workers} workers × {amount:g}" if s.num_workers else "local mode"
@@ -194,7 +201,9 @@ def run(
 
             run_callbacks.append(TuneReportCallback())
     elif worker_bundle(cfg.scaling).get("GPU", 0.0) > 0 and not torch.cuda.is_available():
-        raise ValueError("scaling.use_gpu: expected a visible GPU for local mode, got none")
+        raise ValueError(
+            f"scaling.use_gpu: expected a visible GPU for local mode, got none ({_no_cuda_here()})"
+        )
     check_data_files(cfg, splits=True)
     trial_dir.mkdir(parents=True, exist_ok=True)
     check_same_trial(cfg, trial_dir)

@@ -15,11 +15,13 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 # Lazy: Ray only in the functions that ask a running cluster, so that `import calibtune.trial`
@@ -30,6 +32,7 @@ __all__ = [
     "WORKERS_FILE",
     "check_placement",
     "check_placement_on_cluster",
+    "hold_share",
     "record_placement",
     "worker_bundle",
     "worker_nodes_tag",
@@ -46,6 +49,35 @@ def worker_bundle(scaling: Any) -> dict[str, float]:
     bundle = {"CPU": 1.0, **({"GPU": 1.0} if scaling.use_gpu else {})}
     bundle.update(scaling.resources_per_worker)
     return bundle
+
+
+def hold_share(bundle: Mapping[str, float], device: torch.device) -> dict[str, Any]:
+    """Keep this trial process to the share of the machine its Ray ``bundle`` holds
+    (`worker_bundle`): four trials packed with ``{GPU: 0.25}`` must not each grow the caching
+    allocator over the whole device, nor each start one inductor compile worker per core.
+
+    * GPU: ``torch.cuda.set_per_process_memory_fraction(f, device)`` with ``f`` the bundle's
+      ``GPU`` (capped at 1; a whole GPU resets a reused worker's earlier cap). An allocation
+      beyond it raises CUDA's out-of-memory error in this trial only. Only on a CUDA device.
+    * CPU: ``TORCHINDUCTOR_COMPILE_THREADS`` = the bundle's whole ``CPU`` count (at least 1), and
+      inductor's ``compile_threads`` when it is imported already (it reads the variable once).
+
+    Returns ``{"compile_threads": n, "gpu_memory_fraction": f or None}``.
+
+    >>> hold_share({"CPU": 2.0}, torch.device("cpu"))
+    {'compile_threads': 2, 'gpu_memory_fraction': None}
+    """
+    threads = max(1, int(float(bundle.get("CPU", 1.0))))
+    os.environ["TORCHINDUCTOR_COMPILE_THREADS"] = str(threads)
+    inductor = sys.modules.get("torch._inductor.config")
+    if inductor is not None:
+        inductor.compile_threads = threads  # type: ignore[attr-defined]
+    fraction = min(float(bundle.get("GPU", 0.0)), 1.0)
+    device = torch.device(device)
+    if device.type != "cuda" or fraction <= 0:
+        return {"compile_threads": threads, "gpu_memory_fraction": None}
+    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    return {"compile_threads": threads, "gpu_memory_fraction": fraction}
 
 
 def check_placement(

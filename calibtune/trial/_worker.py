@@ -63,7 +63,7 @@ from calibtune.trial._checkpoint import (
 from calibtune.trial._config import TrialConfig, config_from_dict
 from calibtune.trial._errors import failure
 from calibtune.trial._metrics import shift_sets
-from calibtune.trial._placement import record_placement
+from calibtune.trial._placement import hold_share, record_placement, worker_bundle
 from calibtune.trial._select import best_epoch, is_new_best, keep_local, score
 
 # Lazy: Ray (`ray.train`, `ray.tune`) only inside the functions that run in a Ray Train worker,
@@ -152,6 +152,7 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
             torch.device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
         )
         torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once per shape
+    hold_share(worker_bundle(cfg.scaling), device)  # packed trials: memory cap, compile threads
     precision = Precision(cfg.train.precision, device, cfg.train.channels_last)
     torch.manual_seed(cfg.seed)
     random.seed(cfg.seed)
