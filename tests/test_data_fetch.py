@@ -469,6 +469,20 @@ def test_a_changed_file_is_refused_before_training(
     assert rc == 2 and len(err) == 1 and "changed since it was fetched" in err[0]
     assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
     assert not (tmp_path / "runs").exists()
+    # and so does `calibtune run`, before Ray, MLflow or the study folder
+    study = {
+        "name": "s",
+        "storage": str(tmp_path / "runs"),
+        "trial": {"data": {"name": "cifar10", "root": str(root), "ood": [], "shift": []}},
+        "losses": ["cross_entropy"],
+        "search": {"num_samples": 1, "objectives": [{"metric": "val/ece", "mode": "min"}]},
+    }
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(study))
+    rc = main(["run", str(tmp_path / "s.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and "changed since it was fetched" in err[0], err
+    assert "ray" not in sys.modules or not sys.modules["ray"].is_initialized()
+    assert not (tmp_path / "runs").exists()
     # truncation is caught by size alone; fetching again repairs the set
     batch.write_bytes(b"short")
     with pytest.raises(DataVerificationError, match=r"\(5 bytes, \d+ when fetched\)"):

@@ -67,7 +67,7 @@ def _cifar_c(name: str, folder: str, record: str, md5: str, npy: dict[str, str])
         (Download(f"{folder}.tar", url, md5, True),),
         folder,
         files,
-        "2.9 GB",
+        "2.7 GiB",
         f"archive: Zenodo record {record} (as listed there; torch-uncertainty {cls}.tgz_md5); "
         f"per-file: torch-uncertainty {cls}.ctest_list",
     )
