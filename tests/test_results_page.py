@@ -34,7 +34,7 @@ def test_the_page_is_not_older_than_the_code_it_measures():
 
 
 def test_the_summary_is_what_the_committed_per_seed_numbers_give():
-    studies = G.read_seeds_csv(CSV)
+    studies = G.page_studies(CSV)
     assert [s.dataset for s in studies] == ["mnist1d", "digits"]
     for s in studies:
         seeds = {len(v) for m in s.seeds.values() for v in m.values()}
@@ -79,9 +79,13 @@ def _claim(paper: str, text: str) -> G.Claim:
 @pytest.mark.parametrize(
     ("t", "ece", "expected"),
     [
-        ([0.5, 0.6], [0.02, 0.02], "TS sharpened it (T = 0.55 < 1)"),
-        ([1.2, 1.4], [0.08, 0.10], "its ECE is 9.0 % > 5 %"),
-        ([0.9, 0.9], [0.06, 0.06], "TS sharpened it (T = 0.90 < 1) and its ECE is 6.0 % > 5 %"),
+        ([0.5, 0.6], [0.02, 0.02], "miscalibrated here (TS sharpened it (T = 0.55 < 1))"),
+        ([1.2, 1.4], [0.08, 0.10], "miscalibrated here (its ECE is 9.0 % > 5 %)"),
+        (
+            [0.9, 0.9],
+            [0.06, 0.06],
+            "miscalibrated here (TS sharpened it (T = 0.90 < 1) and its ECE is 6.0 % > 5 %)",
+        ),
         ([1.0, 1.2], [0.05, 0.01], None),
     ],
 )
@@ -92,31 +96,141 @@ def test_a_verdict_resting_on_a_miscalibrated_partner_says_so_in_its_summary_row
         "focal_g3": {"test/ece": ece, "posthoc/ts/T": t},
     }
     s = G.StudyData("mnist1d", "x", seeds, "", {})
-    note = G.partner_caveat(s, claim)
+    note = G.caveat(s, claim)
     if expected is None:
         assert note == ""
     else:
-        assert note == f"⚠ partner `focal_g3` is miscalibrated here: {expected}"
+        assert note == f"⚠ partner `focal_g3`: {expected}"
         row = next(r for r in G.render_summary([s]) if claim.claim in r)
         assert row.rstrip(" |").endswith(note)
     paired = _claim("Komisarenko & Kull 2024", "focal TS beats TS")
-    assert G.partner_caveat(s, paired) == ""  # same models on both sides: no partner
+    assert G.caveat(s, paired) == ""  # same models on both sides, no T at an edge
 
 
-def test_multiplicity_note_counts_the_tests_and_the_bonferroni_survivors():
+def test_a_miscalibrated_claimed_better_arm_is_flagged_too():
+    # issue 31.4: mnist1d "focal has lower ECE than CE": focal_g3 itself at T = 0.5, ECE 9.6 %
+    claim = _claim("Mukhoti et al. 2020", "focal (γ=3) has lower ECE than CE before")
+    seeds = {
+        "focal_g3": {"test/ece": [0.095, 0.097], "posthoc/ts/T": [0.5, 0.5]},
+        "cross_entropy": {"test/ece": [0.02, 0.023], "posthoc/ts/T": [1.2, 1.3]},
+    }
+    s = G.StudyData("mnist1d", "x", seeds, "", {})
+    assert G.caveat(s, claim) == (
+        "⚠ claimed-better arm `focal_g3`: miscalibrated here (TS sharpened it (T = 0.50 < 1) "
+        "and its ECE is 9.6 % > 5 %)"
+    )
+    row = next(r for r in G.render_summary([s]) if claim.claim in r)
+    assert "⚠ claimed-better arm `focal_g3`" in row
+
+
+def _both_sides(**extra: list[float]) -> G.StudyData:
+    """Every claim's arms with 5 seeds: dual focal far below a miscalibrated focal γ=3."""
     claims = G.claims("mnist1d")
     labels = {lab for c in claims for lab in (c.better[0], c.worse[0])}
     seeds = {lab: {} for lab in labels}
-    # two claims tested (the others have no numbers): one far beyond any threshold, one beyond
-    # 2·se (d/se = 2.15) but inside Bonferroni's 2.24 for two tests
-    seeds["focal_g3"]["test/ece"] = [0.010, 0.011, 0.012, 0.013, 0.014]
-    seeds["cross_entropy"]["test/ece"] = [0.100, 0.101, 0.102, 0.103, 0.104]
-    seeds["dual_focal"]["test/ece"] = [0.0046, 0.0066, 0.0086, 0.0106, 0.0126]
-    s = G.StudyData("mnist1d", "x", seeds, "", {})
-    verdicts = {c.claim: v.verdict for c, _, v in G.claim_rows(s)}
-    assert verdicts["dual focal has lower ECE than focal"] == "reproduces"
+    seeds["focal_g3"] = {"test/ece": [0.10, 0.101, 0.102, 0.103, 0.104]}
+    seeds["focal_g3"]["posthoc/ts/T"] = [0.5, 0.5, 0.6, 0.5, 0.5]
+    seeds["dual_focal"] = {"test/ece": [0.010, 0.011, 0.012, 0.013, 0.014]}
+    seeds["dual_focal"]["posthoc/ts/T"] = [1.0, 1.1, 1.0, 1.1, 1.0]
+    for k, v in extra.items():
+        seeds["cross_entropy"][k.replace("__", "/")] = v
+    return G.StudyData("mnist1d", "x", seeds, "", {})
+
+
+def test_tallies_and_the_bonferroni_list_carry_the_caveat():
+    s = _both_sides()
+    counts = G.render_counts([s])
+    assert "- Tao et al. 2023: mnist1d 1 / 0 / 1 (⚠ 1 / 0 / 1)" in counts  # AdaECE: no data
     (line,) = G.render_multiplicity([s])
-    assert "makes 2 tests at 2·se" in line
-    assert "of the 2 tests would still give a verdict (2 did)" in line
-    assert f"|d| > {G.bonferroni_z(2):.2f}·se) keeps 1 of them: " in line
-    assert line.endswith("mnist1d: focal (γ=3) has lower ECE than CE before TS (reproduces).")
+    assert "keeps 1 of them: mnist1d: dual focal has lower ECE than focal (reproduces, p = " in line
+    assert line.endswith("; ⚠ `focal_g3`).")
+
+
+def test_a_temperature_at_the_end_of_its_grid_is_flagged_and_not_read():
+    # issue 31.5: digits CE with T = 0.1 (the grid's minimum) in 2 of 5 seeds
+    s = _both_sides(
+        posthoc__ts__T=[0.7, 0.1, 0.1, 0.4, 0.2], test__ece=[0.01, 0.011, 0.009, 0.01, 0.012]
+    )
+    claim = _claim("Mukhoti et al. 2020", "focal (γ=3) has lower ECE than CE before")
+    note = G.caveat(s, claim)
+    assert (
+        "⚠ partner `cross_entropy`: its ts T is at the grid's minimum (0.1) in 2 of 5 seeds" in note
+    )
+    assert "TS sharpened it (T = 0.30" not in note  # no conclusion from a bound
+    temps = "\n".join(G.render_temperatures([s]))
+    assert "cross_entropy 0.30 (⚠ at the grid's minimum in 2 of 5 seeds)" in temps
+    (reading,) = G.reading("Mukhoti et al. 2020", [s])
+    assert "at an end of its grid for `cross_entropy` in 2 of 5 seeds" in reading
+    assert "no reading of these arms' confidence is drawn from T" in reading
+    s.seeds["cross_entropy"]["posthoc/ts/T"] = [10.0, 9.9, 9.8, 9.7, 9.6]
+    assert "grid's maximum (10) in 1 of 5 seeds" in G.caveat(s, claim)
+    assert "(9.80; ⚠ edge 1/5)" in "\n".join(G.render_arms(s))
+
+
+def test_a_verdict_that_flips_between_kernel_paths_is_inconclusive():
+    s, other = _both_sides(), _both_sides()
+    claim = "dual focal has lower ECE than focal"
+    assert {c.claim: v.verdict for c, _, v in G.claim_rows(s)}[claim] == "reproduces"
+    other.seeds["dual_focal"]["test/ece"] = [0.20, 0.21, 0.22, 0.23, 0.24]  # the opposite
+    s.alt, other.kernel = other, "ATEN_CPU_CAPABILITY=avx2"
+    v = {c.claim: v for c, _, v in G.claim_rows(s)}[claim]
+    assert v.verdict == "inconclusive"
+    assert v.flip == "reproduces here, does not under ATEN_CPU_CAPABILITY=avx2"
+    row = next(r for r in G.render_summary([s]) if claim in r)
+    assert "**inconclusive** (d = -9.00 ± 0.10, p = " in row and "flips between kernel paths" in row
+
+
+def test_the_page_records_the_platform_and_the_second_kernel_path_lowers_it():
+    rec = G.platform_record()
+    assert {"torch", "cpu_capability", "blas", "threads", "cpus"} <= set(rec)
+    assert rec["threads"] >= 1 and rec["blas"]
+    env = {**__import__("os").environ, "ATEN_CPU_CAPABILITY": "default"}
+    assert G.platform_record(env)["cpu_capability"] == "DEFAULT"
+    assert G.second_kernel(rec["cpu_capability"]) in ("avx2", "default")
+    text = PAGE.read_text()
+    assert "- Made with: " in text and "CPU capability" in text and "BLAS" in text
+    assert "- Reproducibility: " in text and "inconclusive" in text
+
+
+def test_the_page_can_be_re_rendered_from_its_csv_without_training(tmp_path: Path):
+    page = tmp_path / "results.md"
+    page.write_text(PAGE.read_text())
+    again = G.rerender(page, CSV, G.SEEDS_CSV_ALT)
+    timing, _, figures, reports = G.kept_from_page(PAGE.read_text())
+    assert (
+        again.split("\n## Summary\n")[1].split("\n## ")[0]
+        == (PAGE.read_text().split("\n## Summary\n")[1].split("\n## ")[0])
+    )
+    assert f"- Measured wall time of the studies: {timing}. " in again
+    assert set(reports) == {"results_mnist1d", "results_digits"} and figures
+
+
+def test_summary_counts_recomputed_from_the_csv_with_scipy_t_tests():
+    """Independent of `verdict`: each claim's verdict from scipy's Welch / paired t test on the
+    CSV's columns, tallied per paper, must be the page's "In short" counts and its Bonferroni
+    count (issue 31.3)."""
+    import pandas as pd
+    from scipy import stats
+
+    frame = pd.read_csv(CSV)
+    text = PAGE.read_text()
+    alt = G.page_studies(CSV)[0].alt is not None
+    ps = []
+    for dataset in ("mnist1d", "digits"):
+        part = frame[frame.dataset == dataset]
+        tally: dict[str, list[int]] = {p: [0, 0, 0] for p in G.PAPERS}
+        for c in G.claims(dataset):
+            a, b = (
+                part[part.loss_label == lab].sort_values("seed")[key].to_numpy()
+                for lab, key in (c.better, c.worse)
+            )
+            r = stats.ttest_rel(a, b) if c.paired else stats.ttest_ind(a, b, equal_var=False)
+            d = (b.mean() - a.mean()) if c.higher_is_better else (a.mean() - b.mean())
+            call = 2 if r.pvalue >= 0.05 else 0 if d < 0 else 1
+            tally[c.paper][call] += 1
+            ps.append((r.pvalue, call))
+        for paper, (n0, n1, n2) in tally.items():
+            if not alt:  # a second kernel path may turn verdicts inconclusive
+                assert re.search(rf"- {re.escape(paper)}: .*{dataset} {n0} / {n1} / {n2} \(", text)
+    survive = sum(p < 0.05 / len(ps) and call != 2 for p, call in ps)
+    assert f"Bonferroni, p < 5 %/{len(ps)} = {0.05 / len(ps):.2g}) keeps {survive} of them" in text

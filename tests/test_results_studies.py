@@ -65,6 +65,33 @@ def test_verdict_paired_uses_the_spread_of_the_differences():
     assert v.se == pytest.approx(0.01 / math.sqrt(3))
 
 
+def test_verdict_p_values_are_welch_s_and_the_paired_t_test_s():
+    from scipy import stats
+
+    a, b = [0.10, 0.12, 0.15, 0.11, 0.13], [0.14, 0.19, 0.16, 0.22, 0.15]
+    v = G.verdict(a, b)
+    ref = stats.ttest_ind(a, b, equal_var=False)
+    assert v.p == pytest.approx(ref.pvalue, rel=1e-9) and v.d / v.se == pytest.approx(ref.statistic)
+    assert v.df == pytest.approx(ref.df, rel=1e-9) and v.verdict == "reproduces"
+    v = G.verdict(a, b, paired=True)
+    ref = stats.ttest_rel(a, b)
+    assert (v.p, v.df) == (pytest.approx(ref.pvalue, rel=1e-9), 4)
+    # higher is better flips d, not p
+    assert G.verdict(b, a, higher_is_better=True).p == pytest.approx(G.verdict(a, b).p)
+
+
+def test_a_gap_beyond_two_standard_errors_with_few_seeds_is_not_a_verdict():
+    # issue 31.3: d/se = −2.45 passes the old 2·se rule, but with 3 seeds a side (Welch df = 4)
+    # its two-sided p is 0.07
+    a, b = [1.0, 2.0, 3.0], [3.0, 4.0, 5.0]
+    v = G.verdict(a, b)
+    assert v.d / v.se == pytest.approx(-2.449, abs=1e-3) and v.df == pytest.approx(4.0)
+    assert v.p == pytest.approx(0.0705, abs=1e-3)
+    assert v.verdict == "inconclusive"
+    # paired with df = n − 1 = 2: the same differences at a constant offset are significant
+    assert G.verdict(a, [3.01, 4.0, 4.99], paired=True).verdict == "reproduces"
+
+
 def test_verdict_with_one_seed_or_no_data_is_inconclusive():
     assert G.verdict([0.1], [0.9]).verdict == "inconclusive"
     assert G.verdict([], []).verdict == "inconclusive"
@@ -97,9 +124,13 @@ def test_summary_renders_hand_made_numbers_with_their_verdicts():
     s = G.StudyData("mnist1d", "x", seeds, "", {}, config=cfg)
     lines = "\n".join(G.render_summary([s]))
     row = next(r for r in lines.splitlines() if "focal (γ=3) has lower ECE than CE" in r)
-    assert "2.00 ± 0.82 vs 6.00 ± 0.82" in row and "**reproduces** (d = -4.00 ± 0.82)" in row
+    # Welch's t = −4/0.816 = −4.90 with df = 4: p = 0.0080
+    assert (
+        "2.00 ± 0.82 vs 6.00 ± 0.82" in row
+        and "**reproduces** (d = -4.00 ± 0.82, p = 0.008)" in row
+    )
     row = next(r for r in lines.splitlines() if "dual focal has lower ECE" in r)
-    assert "**does not** (d = +8.00 ± 0.82)" in row
+    assert "**does not** (d = +8.00 ± 0.82, p = 0.00061)" in row  # t = 9.8, df = 4
     row = next(r for r in lines.splitlines() if "FLSD-53 has lower ECE than CE after TS" in r)
     assert "inconclusive (no data)" in row  # test/ece@ts not in the hand-made numbers
 
