@@ -60,7 +60,10 @@ load: $(STAMP)
 
 # docs/results.md: runs studies/results/{mnist1d,digits}.yaml (storage runs/results) and writes the
 # page, docs/results_seeds.csv and docs/img/results/; a finished study is reused only when the code
-# it measures is unchanged (else: remove runs/results). ~30 min on 2 cores; not part of `make test`.
+# it measures is unchanged (else: remove runs/results and runs/results_kernel2). Both studies train
+# twice (second kernel path, ATEN_CPU_CAPABILITY; docs/results_seeds_kernel2.csv): one pass measured
+# 4.2 min on 2 CPUs at load 2.4, so ~9 min expected; not part of `make test`. Re-render the page from
+# the committed CSV without training: `python bench/results.py --from-csv`.
 results: $(STAMP)
 	$(BIN)/python bench/results.py
 
