@@ -541,3 +541,28 @@ def test_missing_data_names_the_fetch_command(tmp_path: Path) -> None:
         "/shared/data",
     ]
     assert fetch_argv("digits", "/shared/data") == []
+
+
+def test_the_generated_set_is_recorded_under_its_own_name(tmp_path: Path) -> None:
+    from calibtune.data import data_inputs
+
+    write_cifar10(tmp_path)
+    names = [d.name for d in data_inputs("cifar10", tmp_path, 1, 0.1, ("cifar10c_generated",), ())]
+    assert names[3:] == [f"ood/cifar10c_generated/s{s}" for s in range(1, 6)]
+    assert sets_read_by("cifar10", ["cifar10c_generated"], []) == ["cifar10"]  # its source
+
+
+def test_an_unwritable_root_is_refused_in_one_line(
+    table: dict[str, FetchSet], server: _Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "afile").write_text("")
+    root = tmp_path / "afile" / "data"
+    rc, out, err = _cli(capsys, "fetch", "svhn", "--root", str(root))
+    assert rc == 2 and out == "" and len(err) == 1 and server.log == []
+    assert err[0].startswith("calibtune data: error: svhn: ")
+    assert "expected a writable data root, got Not a directory" in err[0]
+    rc, _, err = _cli(capsys, "fetch", "mnist", "--root", str(tmp_path))
+    assert rc == 2 and err == [
+        "calibtune data: error: NAME: expected one of cifar10, cifar100, svhn, cifar10c, "
+        "cifar100c, tiny_imagenet, got 'mnist'"
+    ]

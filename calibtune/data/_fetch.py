@@ -39,7 +39,14 @@ from typing import IO
 
 from ._common import resolve_root
 from ._sources import Download, FetchSet, fetch_set
-from ._verify import STATE_DIR, md5_file, record_stamp, sets_read_by, verify_set
+from ._verify import (
+    STATE_DIR,
+    forget_stamp,
+    md5_file,
+    record_stamp,
+    sets_read_by,
+    verify_set,
+)
 
 __all__ = [
     "MIRROR_ENV",
@@ -313,18 +320,25 @@ def fetch(
     base = resolve_root(root, name)
     mirror = os.environ.get(MIRROR_ENV) if mirror is None else mirror
     urls = [mirror_url(d, mirror) for d in fs.downloads]  # a bad --mirror: before any I/O
-    with root_lock(base, stream):
-        check = verify_set(name, base, full=False)
-        if check.status == "ok":
-            return Fetched(name, "present", check.detail)
-        downloads = base / STATE_DIR / "downloads"
-        downloads.mkdir(parents=True, exist_ok=True)
-        files = [
-            download_url(url, downloads / d.file, d.md5, name, stream)
-            for d, url in zip(fs.downloads, urls, strict=True)
-        ]
-        _place(fs, base, files)
-        _record(fs, base)
+    try:
+        with root_lock(base, stream):
+            check = verify_set(name, base, full=False)
+            if check.status == "ok":
+                return Fetched(name, "present", check.detail)
+            forget_stamp(base, name)  # replaced files never pass under the old record
+            downloads = base / STATE_DIR / "downloads"
+            downloads.mkdir(parents=True, exist_ok=True)
+            files = [
+                download_url(url, downloads / d.file, d.md5, name, stream)
+                for d, url in zip(fs.downloads, urls, strict=True)
+            ]
+            _place(fs, base, files)
+            _record(fs, base)
+    except OSError as e:  # a read-only or full root, a lock the filesystem refuses
+        where = e.filename or base
+        raise FetchError(
+            f"{name}: {where}: expected a writable data root, got {e.strerror or e}"
+        ) from None
     where = mirror or "the official hosts"
     return Fetched(name, "fetched", f"{len(files)} file(s) from {where}, checked, in {base}")
 

@@ -28,6 +28,7 @@ __all__ = [
     "SetCheck",
     "check_fetched",
     "check_stamp",
+    "forget_stamp",
     "md5_file",
     "record_stamp",
     "set_files",
@@ -89,6 +90,11 @@ def record_stamp(root: Path, name: str, digests: dict[str, str]) -> None:
     path = _stamp_path(root, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"set": name, "files": entries}, sort_keys=True))
+
+
+def forget_stamp(root: Path, name: str) -> None:
+    """Remove the stamp of set ``name`` (before its files are replaced)."""
+    _stamp_path(root, name).unlink(missing_ok=True)
 
 
 def _read_stamp(root: Path, name: str) -> dict[str, list] | None:
