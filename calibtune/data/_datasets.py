@@ -22,7 +22,7 @@ DATASETS: Registry[Splits] = Registry("dataset")
 _ROOT = data_param(
     "root",
     None,
-    "folder holding the dataset's official files (None: ./data); never downloaded",
+    "folder holding the dataset's official files (None: ./data; `calibtune data fetch`)",
     kind="any",
 )
 _SEED = data_param("seed", 1, "seed of the train/validation split", kind="int", low=0)
@@ -132,9 +132,9 @@ def load_splits(
     ``cifar100``, ``tiny_imagenet``; None means ``./data``) and is ignored by the embedded ones
     (``digits``, ``mnist1d``). ``seed`` drives the stratified train/validation split of the
     non-test pool; ``val_fraction`` is the validation share of that pool. Missing files raise
-    `DatasetNotFoundError` (one line: dataset, expected path and files, official source) here,
-    before any training; nothing is ever downloaded. Unknown names raise ``ValueError`` listing
-    the registered names.
+    `DatasetNotFoundError` (one line: dataset, expected path and files, the ``calibtune data
+    fetch`` command, official source) here, before any training; loading never downloads.
+    Unknown names raise ``ValueError`` listing the registered names.
     """
     entry = DATASETS.get(name)
     kwargs: dict[str, Any] = {"seed": seed, "val_fraction": val_fraction}
