@@ -16,6 +16,8 @@ Per epoch ``e`` (1-based):
 AdaFocal (Ghosh et al., NeurIPS 2022, Alg. 1) updates γ from validation-bin statistics once per
 epoch; all ranks score the full validation set (sharded + all-gathered), so every rank computes
 the same update, and ``broadcast_state(src=0)`` removes any floating-point doubt.
+With W > 1 ranks every inference pass starts from rank 0's buffers (`_sync_buffers`: BatchNorm
+running statistics), so the gathered logits are rank 0's model's, the one its checkpoint holds.
 """
 
 from __future__ import annotations
@@ -170,6 +172,15 @@ def epoch_metrics(
     return out
 
 
+def _sync_buffers(model: nn.Module, src: int = 0) -> None:
+    """Give every rank rank ``src``'s buffers (BatchNorm running mean/var and batch count), in
+    place: one ``broadcast`` per buffer; call on all ranks. After a training step each rank's
+    running statistics include its own batch, so without this the all-gathered logits would
+    come from W slightly different models while the checkpoint holds rank 0's."""
+    for buf in model.buffers():
+        dist.broadcast(buf, src=src)
+
+
 def _adaptive(loss_fn: nn.Module) -> bool:
     return bool(getattr(loss_fn, "adaptive", False))
 
@@ -223,6 +234,8 @@ def train_epochs(
     cache: EpochCache | None = None
 
     def infer(ds: DeviceBatches) -> tuple[Tensor, Tensor]:
+        if spec.world > 1:
+            _sync_buffers(eval_model)
         return infer_logits(
             eval_model,
             ds,

@@ -2,9 +2,9 @@
 
 Contents (tensors, numbers, strings, lists, dicts and tuples only, so the safe unpickler reads
 them): model and optimiser state, the adaptive loss's state (AdaFocal γ, edges and γ history),
-the torch/CUDA/Python RNG states, the number of completed epochs and the per-epoch reports. The
-learning-rate schedule is a pure function of the epoch (see `calibtune.training.lr_schedule`),
-so the epoch is its whole state.
+each rank's torch and Python RNG states and its trial device's CUDA RNG state, the number of
+completed epochs and the per-epoch reports. The learning-rate schedule is a pure function of
+the epoch (see `calibtune.training.lr_schedule`), so the epoch is its whole state.
 """
 
 from __future__ import annotations
@@ -35,18 +35,31 @@ FORMAT_VERSION = 1
 _EPOCH_DIR = re.compile(r"^epoch_(\d{6})$")
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's torch and Python RNG states and, on a CUDA ``device`` (the trial's), that
+    device's state only: a checkpoint does not depend on how many GPUs were visible."""
     state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore `capture_rng`'s states; the CUDA state goes to ``device`` (the trial's, whatever
+    its index at save time) and is skipped on a CPU ``device`` (a GPU checkpoint resumes on the
+    CPU). A checkpoint of an older calibtune holds every visible device's state: ``device``'s
+    index picks one, where it has that many."""
     torch.set_rng_state(state["torch"])
     random.setstate(_tuplify(state["python"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    cuda = state.get("cuda")
+    if cuda is None or device is None or device.type != "cuda":
+        return
+    if isinstance(cuda, list | tuple):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= len(cuda):
+            return
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda, device)
 
 
 def _tuplify(x: Any) -> Any:

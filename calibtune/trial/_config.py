@@ -156,6 +156,9 @@ class TrainConfig:
     loader_workers: int = 0  # DataLoader processes for file-based sets (in-memory sets: unused)
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the model's forward (fp16: scaled)
     channels_last: bool = False  # NHWC model and batches (tensor-core convolutions)
+    # deterministic algorithms, cuBLAS workspace, no cuDNN autotuning, no TF32 (a bit-reproducible
+    # GPU run; `calibtune.trial._worker.determinism`)
+    deterministic: bool = False
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,8 @@ class ScalingConfig:
     resources_per_worker: Mapping[str, float] = field(default_factory=dict)
     max_failures: int = 0
     placement_strategy: str = "PACK"  # of the workers' bundles; SPREAD: one node each if possible
+    # BatchNorm statistics over the global batch instead of each worker's share (CUDA only)
+    sync_batchnorm: bool = False
 
 
 @dataclass(frozen=True)
@@ -334,6 +339,7 @@ def _train(d: Mapping[str, Any]) -> TrainConfig:
         loader_workers=check_int(d.get("loader_workers", 0), "train.loader_workers", 0),
         precision=check_choice(d.get("precision", t.precision), "train.precision", PRECISIONS),
         channels_last=check_bool(d.get("channels_last", False), "train.channels_last"),
+        deterministic=check_bool(d.get("deterministic", False), "train.deterministic"),
     )
 
 
@@ -407,14 +413,23 @@ def _scaling(d: Mapping[str, Any]) -> ScalingConfig:
             "GPU; pack fractional GPUs with num_workers: 0 or 1)",
             gpu,
         )
+    use_gpu = check_bool(d.get("use_gpu", False), "scaling.use_gpu")
+    sync_bn = check_bool(d.get("sync_batchnorm", False), "scaling.sync_batchnorm")
+    if sync_bn and not use_gpu:
+        raise fail(
+            "scaling.sync_batchnorm",
+            "false without scaling.use_gpu (torch's SyncBatchNorm runs on CUDA only)",
+            sync_bn,
+        )
     return ScalingConfig(
         num_workers=workers,
-        use_gpu=check_bool(d.get("use_gpu", False), "scaling.use_gpu"),
+        use_gpu=use_gpu,
         resources_per_worker=res,
         max_failures=check_int(d.get("max_failures", 0), "scaling.max_failures", 0),
         placement_strategy=check_choice(
             d.get("placement_strategy", "PACK"), "scaling.placement_strategy", PLACEMENT_STRATEGIES
         ),
+        sync_batchnorm=sync_bn,
     )
 
 

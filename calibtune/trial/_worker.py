@@ -17,13 +17,19 @@
 The trial's CPU threads come from its resources (``scaling.resources_per_worker.CPU``, default
 1), never from the machine, so its numbers do not depend on where it runs; every rank checkpoints
 its own RNG state, so a restarted multi-worker trial draws what the uninterrupted one drew.
+
+Every rank reaches every collective, in the same order: a value that steers one (whether this
+epoch checkpoints) is decided on rank 0 and broadcast (`decided_on_rank0`), and the code that
+rank 0 runs alone (the epoch's ``val_shift/`` keys, the final evaluation) calls none.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +75,13 @@ from calibtune.trial._select import best_epoch, is_new_best, keep_local, score
 # Lazy: Ray (`ray.train`, `ray.tune`) only inside the functions that run in a Ray Train worker,
 # so that `import calibtune.trial` (the `train` command, study config checks) does not load Ray.
 
-__all__ = ["train_loop_per_worker", "trial_threads"]
+__all__ = [
+    "decided_on_rank0",
+    "determinism",
+    "sync_norm",
+    "train_loop_per_worker",
+    "trial_threads",
+]
 
 
 def trial_threads(cfg: TrialConfig) -> int:
@@ -86,6 +98,14 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     cfg = config_from_dict(payload["config"])
     before = torch.get_num_threads()
     torch.set_num_threads(trial_threads(cfg))
+    try:
+        with determinism(cfg.train.deterministic, cfg.scaling.use_gpu):
+            return _train(cfg, payload)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | None:
     progress = Progress()
     t: _Trial | None = None
     try:
@@ -108,8 +128,52 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
         if err is exc:
             raise
         raise err from exc
+
+
+#: cuBLAS's deterministic workspace settings (CUDA docs, "Results reproducibility")
+_CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
+
+
+@contextmanager
+def determinism(deterministic: bool, use_gpu: bool) -> Iterator[None]:
+    """The trial's reproducibility flags, restored on exit (a Tune actor runs the next trial).
+
+    ``deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a
+    deterministic implementation raises, naming itself), ``CUBLAS_WORKSPACE_CONFIG=:4096:8``
+    (set here, before the trial's first CUDA call; cuBLAS reads it once per process), cuDNN
+    benchmark off and deterministic on, TF32 off for matmuls and convolutions. Otherwise
+    ``cudnn.benchmark`` is on with a GPU (fixed input shapes: autotune once per shape) and
+    cuDNN keeps torch's default TF32 convolutions: a GPU run is then not bit-reproducible.
+
+    >>> with determinism(True, use_gpu=False):
+    ...     torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.allow_tf32
+    (True, False)
+    """
+    cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        cudnn.benchmark,
+        cudnn.deterministic,
+        cudnn.allow_tf32,
+        matmul.allow_tf32,
+        os.environ.get("CUBLAS_WORKSPACE_CONFIG"),
+    )
+    if deterministic:
+        if saved[-1] not in _CUBLAS_DETERMINISTIC:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = _CUBLAS_DETERMINISTIC[0]
+        torch.use_deterministic_algorithms(True)
+        cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = True, False, False
+    cudnn.benchmark = use_gpu and not deterministic
+    try:
+        yield
     finally:
-        torch.set_num_threads(before)
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = saved[2:6]
+        if saved[-1] is None:
+            os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+        else:
+            os.environ["CUBLAS_WORKSPACE_CONFIG"] = saved[-1]
 
 
 @dataclass
@@ -151,7 +215,6 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
         device = (
             torch.device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
         )
-        torch.backends.cudnn.benchmark = True  # fixed input shapes: autotune once per shape
     hold_share(worker_bundle(cfg.scaling), device)  # packed trials: memory cap, compile threads
     precision = Precision(cfg.train.precision, device, cfg.train.channels_last)
     torch.manual_seed(cfg.seed)
@@ -163,15 +226,16 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
         val_fraction=cfg.data.val_fraction,
     )
     net = precision.prepare(
-        build_model(
-            cfg.model.name, splits.num_classes, splits.input_shape, init=cfg.model.init
-        ).to(device)
+        build_model(cfg.model.name, splits.num_classes, splits.input_shape, init=cfg.model.init).to(
+            device
+        )
     )
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
     loss_fn = compile_loss(loss_fn, cfg.loss.compile, device)
     optimizer = _optimizer(cfg, net.parameters())
     # augmentation draws differ per rank; model init (above) is identical on all ranks
     torch.manual_seed(cfg.seed * 7919 + 1 + rank)
+    net = sync_norm(net, cfg, world)
     model = ray.train.torch.prepare_model(net) if world > 1 else net
     return _Trial(
         cfg,
@@ -227,14 +291,42 @@ def _resume(t: _Trial) -> None:
     t.loss_fn.load_state_dict(state["loss"])
     t.precision.load_state_dict(state.get("scaler") or {})
     rngs = state.get("rngs") or [state["rng"]]
-    restore_rng(rngs[t.rank] if t.rank < len(rngs) else state["rng"])
+    restore_rng(rngs[t.rank] if t.rank < len(rngs) else state["rng"], t.device)
     t.start_epoch = int(state["epoch"])
     t.history = list(state["history"])
 
 
-def _gather_rngs(world: int) -> list[dict[str, Any]]:
+def sync_norm(net: torch.nn.Module, cfg: TrialConfig, world: int) -> torch.nn.Module:
+    """``scaling.sync_batchnorm`` with several workers: every BatchNorm layer becomes a
+    ``torch.nn.SyncBatchNorm`` (statistics over the global batch B, not each rank's B/W; CUDA
+    only, checked with the config); else ``net`` as it is.
+
+    >>> cfg = config_from_dict({"scaling": {"use_gpu": True, "sync_batchnorm": True}})
+    >>> type(sync_norm(torch.nn.Sequential(torch.nn.BatchNorm1d(3)), cfg, world=2)[0]).__name__
+    'SyncBatchNorm'
+    """
+    if not (cfg.scaling.sync_batchnorm and world > 1):
+        return net
+    return torch.nn.SyncBatchNorm.convert_sync_batchnorm(net)
+
+
+def decided_on_rank0(world: int, value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (one ``broadcast_object_list`` when ``world > 1``; call on
+    all ranks): whatever steers a collective is decided once, so every rank reaches it.
+
+    >>> decided_on_rank0(1, True)
+    True
+    """
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _gather_rngs(world: int, device: torch.device) -> list[dict[str, Any]]:
     """Every rank's RNG state (a collective: all ranks call it at the same epochs)."""
-    mine = capture_rng()
+    mine = capture_rng(device)
     if world == 1:
         return [mine]
     out: list[Any] = [None] * world
@@ -254,7 +346,9 @@ class EpochReporter:
             metrics.update(_epoch_shift(t, cache))
         t.history.append(metrics)
         failpoint("epoch_end", epoch)
-        ckpt = self._checkpoint(epoch)
+        # val_shift/ keys exist on rank 0 only, and float metrics may differ in the last bits
+        due = decided_on_rank0(t.world, self._due(epoch) if t.rank == 0 else None)
+        ckpt = self._checkpoint(epoch) if due else None
         failpoint("after_checkpoint", epoch)
         if t.rank == 0:
             for cb in t.callbacks:
@@ -268,15 +362,19 @@ class EpochReporter:
 
             ray.train.report(metrics, checkpoint=ckpt)
 
-    def _checkpoint(self, epoch: int) -> Any:
-        """Write this epoch's checkpoint when due (and, with ``eval.select_epoch: best``, at
-        every new best epoch); with workers return it for Ray to persist."""
+    def _due(self, epoch: int) -> bool:
+        """Whether this epoch checkpoints: every ``train.checkpoint_every`` epochs, the last,
+        and, with ``eval.select_epoch: best``, every new best epoch."""
         t = self.t
         ev = t.cfg.eval
         best = ev.select_epoch == "best" and is_new_best(t.history, ev.select_metric)
-        if epoch % t.cfg.train.checkpoint_every and epoch != t.cfg.train.epochs and not best:
-            return None
-        rngs = _gather_rngs(t.world)
+        return not (epoch % t.cfg.train.checkpoint_every) or epoch == t.cfg.train.epochs or best
+
+    def _checkpoint(self, epoch: int) -> Any:
+        """Write this epoch's checkpoint (a collective: every rank calls it at the same epochs);
+        with workers return it for Ray to persist."""
+        t = self.t
+        rngs = _gather_rngs(t.world, t.device)
         if t.rank != 0:
             return None
         state = {
