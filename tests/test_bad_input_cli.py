@@ -751,5 +751,5 @@ def test_free_space_threshold_comes_from_the_environment(
     ):
         check_storage(tmp_path / "studies", "--storage")
     monkeypatch.setenv("CALIBTUNE_MIN_FREE_MB", "0")
-    assert check_storage(tmp_path / "studies", "--storage") == tmp_path / "studies"
+    assert check_storage(tmp_path / "studies", "--storage").local_path() == tmp_path / "studies"
     assert not (tmp_path / "studies").exists()

@@ -35,6 +35,8 @@ def note_full(path: str | os.PathLike[str]) -> None:
 
 def full_paths(root: str | os.PathLike[str]) -> list[str]:
     """The noted full-disk writes under the folder ``root``."""
+    if not getattr(root, "is_local", True):  # a bucket (`Storage`) has no disk to fill
+        return []
     prefix = os.path.join(os.path.abspath(root), "")
     return [p for p in _FULL if p.startswith(prefix)]
 

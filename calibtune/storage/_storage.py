@@ -104,6 +104,9 @@ class Storage:
     def __truediv__(self, part: str) -> Storage:
         return self.join(part)
 
+    def __lt__(self, other: Storage) -> bool:  # sorted() of listings
+        return self.uri < other.uri
+
     def ray_args(self) -> tuple[str, Any]:
         """``(storage_path, storage_filesystem)`` for Ray Tune's and Ray Train's ``RunConfig``
         and ``Tuner.restore``: the same file system, so Ray's files land where calibtune's do."""
@@ -151,8 +154,8 @@ class Storage:
         with self.fs.open_input_stream(self.path) as f:
             return f.readall()
 
-    def read_text(self) -> str:
-        return self.read_bytes().decode("utf-8")
+    def read_text(self, encoding: str = "utf-8") -> str:
+        return self.read_bytes().decode(encoding)
 
     def open_input(self) -> IO[bytes]:
         """A seekable binary file object of the file (e.g. for ``torch.load``)."""
@@ -162,8 +165,9 @@ class Storage:
 
     # ------------------------------------------------------------------ writing
 
-    def mkdir(self) -> None:
-        """Create this folder and its parents (an object store has prefixes, not folders)."""
+    def mkdir(self, parents: bool = True, exist_ok: bool = True) -> None:
+        """Create this folder and its parents (an object store has prefixes, not folders);
+        the arguments are ``pathlib``'s, accepted for callers written for a ``Path``."""
         if self.is_local:
             self.fs.create_dir(self.path, recursive=True)
 

@@ -78,7 +78,7 @@ def storage_full(storage: str | os.PathLike[str]) -> bool:
 def full_message(storage: Path) -> str:
     try:
         free = f"{shutil.disk_usage(storage).free / 1024**2:.1f} MiB free"
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a bucket, which has no free space to tell
         free = "free space unknown"
     return (
         f"storage {storage} is full ({free}): the study stopped; free space and run "

@@ -21,6 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from calibtune.storage import Storage, open_storage
 from calibtune.study._raycluster import check_trials_fit
 from calibtune.study._studydir import StudyDir, StudyDirError, default_storage
 from calibtune.study._tracking import resolve_tracking_uri
@@ -120,9 +121,16 @@ def check_dir(path: str | Path, key: str, min_free: float | None = None) -> Path
     return p
 
 
-def check_storage(path: str | Path, key: str) -> Path:
-    """The study storage folder (`check_dir` with the minimum free space)."""
-    return check_dir(path, key)
+def check_storage(path: str | Path | Storage, key: str) -> Storage:
+    """The study storage (`calibtune.storage.open_storage`): a local folder `check_dir` accepts
+    (with the minimum free space), or a store that answers and holds the bucket; a URI that
+    no file system opens is refused (never a local folder named ``s3:``)."""
+    where = open_storage(path, key)
+    if where.is_local:
+        check_dir(where.local_path(), key)
+    else:
+        where.check_reachable(key)
+    return where
 
 
 def check_out_file(path: str | Path, key: str) -> Path:
@@ -365,11 +373,12 @@ def preflight_run(
 
 def _check_stores(study: Any, *, tracking_uri: str | None, storage: str | None) -> None:
     if storage:
-        check_storage(storage, "--storage")
+        where = check_storage(storage, "--storage")
     elif study.storage:
-        check_storage(study.storage, _study_key(study, "storage"))
+        where = check_storage(study.storage, _study_key(study, "storage"))
     else:
-        check_storage(default_storage(), "storage (default ./runs/studies)")
+        where = check_storage(default_storage(), "storage (default ./runs/studies)")
+    StudyDir.at(study.name, where).check_optuna_home(study.search.optuna_storage)
     if tracking_uri:
         key = "--tracking-uri"
     elif study.tracking.uri:

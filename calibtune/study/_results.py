@@ -57,7 +57,8 @@ class StudyRef:
 def locate_study(
     study: str | Path, storage: str | Path | None = None, tracking_uri: str | None = None
 ) -> StudyRef:
-    """Find a study by its YAML file, its storage directory, or its name."""
+    """Find a study by its YAML file, its storage directory (a path or URI), or its name."""
+    study = getattr(study, "uri", study)  # a `Storage` (e.g. `StudyOutcome.storage`)
     p = Path(study)
     try:
         if p.is_file() and p.suffix in (".yaml", ".yml"):
@@ -281,15 +282,23 @@ def _pct(v: Any) -> float:
     return float("nan") if v is None or (isinstance(v, float) and math.isnan(v)) else 100 * float(v)
 
 
-def report_table(ref: StudyRef, *, trials: pd.DataFrame | None = None) -> pd.DataFrame:
+def report_table(
+    ref: StudyRef,
+    *,
+    trials: pd.DataFrame | None = None,
+    grids: dict[str, tuple[float, float]] | None = None,
+) -> pd.DataFrame:
     """The seeds' table: per loss (its best trial by the objective) test error, ECE, AdaECE and
     classwise ECE before and after temperature scaling (optimal T in brackets), after focal
-    temperature scaling, and OOD AUROC; values in %. Failed trials are counted per loss with
-    the first reason; a loss whose trials all failed gets a row with its reason only.
-    ``trials`` as in `compare_table`."""
+    temperature scaling, and OOD AUROC; values in %. A fitted T at either end of its grid is
+    marked ``⚠`` (a bound, not a fitted value: read no confidence from it); ``grids`` maps a
+    post-hoc method to its grid's (first, last) T, by default `t_grid_ends` of the study. Failed
+    trials are counted per loss with the first reason; a loss whose trials all failed gets a
+    row with its reason only. ``trials`` as in `compare_table`."""
     df = trials_frame(ref, include_unfinished=True) if trials is None else trials
     if df.empty:
         return df
+    ends = t_grid_ends(ref) if grids is None else grids
     objective, mode = ref.objectives[0]
     rows = []
     for label, group in df.groupby("loss_label", sort=False):
@@ -301,7 +310,7 @@ def report_table(ref: StudyRef, *, trials: pd.DataFrame | None = None) -> pd.Dat
         if objective in done:
             done = done.sort_values(objective, ascending=(mode == "min"), kind="stable")
         if not done.empty:
-            row.update(_report_row(done.iloc[0]))
+            row.update(_report_row(done.iloc[0], ends))
         if len(failed):
             row["failed"] = len(failed)
             row["failure"] = failed["reason"].iloc[0]
@@ -309,23 +318,77 @@ def report_table(ref: StudyRef, *, trials: pd.DataFrame | None = None) -> pd.Dat
     return pd.DataFrame(rows)
 
 
-def _report_row(best: pd.Series) -> dict[str, Any]:
+def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
+    """(first, last) T of the grid each post-hoc method of the study fits T on, by method name,
+    read from the study file its parent run holds (the ``study/`` artifact, validated as a trial
+    section); {} when the run holds no readable study file (then no T is marked)."""
+    from mlflow.exceptions import MlflowException
+
+    from calibtune.trial import config_from_dict
+
+    client = _client(ref.tracking_uri)
+    try:
+        files = [f.path for f in client.list_artifacts(ref.parent_run_id, "study")]
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in files:
+                if not name.endswith((".yaml", ".yml")):
+                    continue
+                raw = yaml.safe_load(
+                    Path(client.download_artifacts(ref.parent_run_id, name, tmp)).read_text()
+                )
+                if isinstance(raw, dict) and "losses" in raw:  # the study, not a loss space
+                    trial = {**dict(raw.get("trial") or {}), "loss": {"name": "cross_entropy"}}
+                    return grid_ends(config_from_dict(trial).eval.posthoc)
+    except (MlflowException, OSError, ValueError, yaml.YAMLError):
+        pass
+    return {}
+
+
+def grid_ends(posthoc: Any) -> dict[str, tuple[float, float]]:
+    """(first, last) T of each grid-fitted post-hoc method of a trial's ``eval.posthoc``.
+
+    >>> grid_ends({"ts": {"criterion": "ece"}, "focal_ts": {}, "spline": {}})
+    {'ts': (0.1, 10.0), 'focal_ts': (0.01, 5.0)}
+    """
+    from calibtune.posthoc import build_posthoc
+
+    out = {}
+    for name, params in posthoc.items():
+        temps = getattr(build_posthoc(name, **dict(params or {})), "temperatures", None)
+        if temps is not None and len(temps):
+            out[name] = (float(min(temps)), float(max(temps)))
+    return out
+
+
+def _edge_mark(method: str, t: Any, ends: dict[str, tuple[float, float]]) -> str:
+    """The mark "⚠" when the fitted ``t`` of ``method`` is at an end of its grid, else ""."""
+    if method not in ends or _missing(t):
+        return ""
+    return "⚠" if any(math.isclose(float(t), e, rel_tol=1e-9) for e in ends[method]) else ""
+
+
+def _report_row(
+    best: pd.Series, ends: dict[str, tuple[float, float]] | None = None
+) -> dict[str, Any]:
     row: dict[str, Any] = {}
+    ends = ends or {}
     t = best.get("posthoc/ts/T")
     for title, pre, post in REPORT_COLUMNS:
         row[title] = _pct(best.get(pre))
         if post:
             val = _pct(best.get(post))
             row[f"{title} (TS)"] = (
-                f"{val:.2f} ({t:.1f})"
+                f"{val:.2f} ({t:.1f}{_edge_mark('ts', t, ends)})"
                 if isinstance(t, float) and not math.isnan(t)
                 else f"{val:.2f}"
             )
     row["ECE (focal TS)"] = _pct(best.get(K.key("test", "ece", "focal_ts")))
     row["NLL"] = _num(best.get(K.key("test", "nll")))
     for method in _methods(best):  # equal-mass ECE and NLL after every other method
-        param = next((best[k] for k in best.index if k.startswith(f"posthoc/{method}/")), None)
-        shown = "" if param is None or _missing(param) else f" ({param:.2f})"
+        key = next((k for k in best.index if k.startswith(f"posthoc/{method}/")), None)
+        param = None if key is None else best[key]
+        mark = _edge_mark(method, param, ends) if key and key.endswith("/T") else ""
+        shown = "" if param is None or _missing(param) else f" ({param:.2f}{mark})"
         ada = _pct(best.get(K.key("test", "adaece", method)))
         row[f"AdaECE ({method})"] = f"{ada:.2f}{shown}"
         row[f"NLL ({method})"] = _num(best.get(K.key("test", "nll", method)))

@@ -163,11 +163,11 @@ def _tuner(
         ),
         run_config=tune.RunConfig(
             name=study.name,
-            storage_path=str(sd.root),
+            storage_path=sd.root.ray_args()[0],
             failure_config=tune.FailureConfig(max_failures=study.search.max_failures),
             callbacks=list(callbacks),  # Tune appends its own loggers to the list it gets
             verbose=verbose,
-            storage_filesystem=_storage_filesystem(),
+            storage_filesystem=sd.root.ray_args()[1],  # Tune's state where calibtune's is
         ),
     )
 
@@ -203,10 +203,22 @@ def run_study(
         uri = _tracking_uri(study, sd, tracking_uri)
         with store_created_meanwhile(uri):
             init_ray(address, verbose=verbose > 0)
-            check_cluster(study)
+            check_cluster(study, wait_for_resources)
+            check_nodes_share(sd, address)
         payload = _open_parent(study, sd, uri)
         callbacks = _callbacks(study, sd, payload)
         return _fit(_tuner(study, sd, payload, callbacks, verbose), study, sd, payload)
+
+
+def check_nodes_share(sd: StudyDir, address: str | None) -> None:
+    """Refuse, before the first trial, a cluster with a node that cannot read and write the
+    study's storage (`calibtune.storage.check_nodes_see`): its trials, local-mode ones too,
+    would write where no other node and no `resume` finds them. A local Ray (no ``address``)
+    is this machine's one node, which wrote the study's folder already."""
+    if address and address != "local":
+        from calibtune.storage import check_nodes_see
+
+        check_nodes_see(sd.path, "storage")
 
 
 def _callbacks(study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> list[Any]:
@@ -234,7 +246,8 @@ def extend_study(
         study = extended_study(base, more)
         history = optuna_history(study, optuna_storage_url(study, sd))
         init_ray(address, verbose=verbose > 0)
-        check_cluster(study)
+        check_cluster(study, wait_for_resources)
+        check_nodes_share(sd, address)
         payload = _open_parent(study, sd, _tracking_uri(study, sd, None))
         tuner = _tuner(study, sd, payload, _callbacks(study, sd, payload), verbose, (more, history))
         return _fit(tuner, study, sd, payload)
@@ -258,15 +271,17 @@ def resume_study(
         sd.check_restorable()  # before Ray unpickles anything
         study = sd.read_study()
         init_ray(address, verbose=verbose > 0)
-        check_cluster(study)
+        check_cluster(study, wait_for_resources)
+        check_nodes_share(sd, address)
         payload = _open_parent(study, sd, _tracking_uri(study, sd, None))
         try:
+            path, fs = sd.path.ray_args()
             tuner = tune.Tuner.restore(
-                str(sd.path),
+                path,
                 trainable=make_trainable(study, payload),
                 resume_unfinished=True,
                 resume_errored=True,
-                storage_filesystem=_storage_filesystem(),
+                storage_filesystem=fs,
             )
         except Exception as exc:  # e.g. a state written by another Ray version
             finish_run(payload.tracking_uri, payload.parent_run_id, "KILLED")
@@ -307,18 +322,12 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
             os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = old_env
 
 
-def _storage_filesystem() -> Any:
-    from calibtune.study._diskfull import atomic_filesystem
-
-    return atomic_filesystem()  # Tune's state survives a full disk (`_diskfull`)
-
-
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
     from calibtune.study._diskfull import silence_disk_full_logs, stop_reason, tolerate_full_store
 
     t0 = time.time()
-    retries_note(sd.path, payload.tracking_uri, 0)  # forget an earlier session's
-    watch_retries(sd.path)  # one line at the end, not urllib3's warning per retried request
+    retries_note(sd.local_scratch(), payload.tracking_uri, 0)  # forget an earlier session's
+    watch_retries(sd.local_scratch())  # one line at the end, not urllib3's per retried request
     silence_disk_full_logs()
     results, caught = _tune(tuner, sd, payload)
     drain_summaries()  # the per-trial refreshes, before the last one
@@ -342,7 +351,7 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         optuna_storage_url(study, sd),
         ended=ended,
     )
-    for line in (warning, retries_note(sd.path, payload.tracking_uri, counts["failed"])):
+    for line in (warning, retries_note(sd.local_scratch(), payload.tracking_uri, counts["failed"])):
         if line:
             print(line, flush=True)
     with tolerate_full_store(full is not None):
@@ -420,6 +429,7 @@ def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
     the working directory) or SQLite ``<study folder>/optuna.db``."""
     if study.search.optuna_storage:
         return resolve_tracking_uri(study.search.optuna_storage)
+    sd.check_optuna_home(None)  # a study in a bucket names its own (refused otherwise)
     return f"sqlite:///{sd.optuna_db}"
 
 

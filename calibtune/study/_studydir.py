@@ -9,21 +9,22 @@ Layout of ``<storage>/<name>/``::
     trials/<trial>-seedN/  each trial's checkpoints and artifacts (the trial engine's folders)
     tuner.pkl, experiment_state-*.json, ...   Ray Tune's own state (restored by `resume`)
 
-Every write of calibtune's files is atomic (temp file, fsync, rename), so a crash or a full disk
-leaves the previous version, never a truncated one. The lock is an advisory ``flock`` on an open
-file: the kernel drops it when the driver dies, so a lock left by a killed driver is recognised
-as stale without any clean-up.
+The folder is a `calibtune.storage.Storage` (a local path or a bucket, e.g.
+``s3://calib/studies``), and every read and write of it goes through that owner. Every write of
+calibtune's files is atomic (temp file, fsync, rename on a disk; one complete upload in a
+bucket), so a crash or a full disk leaves the previous version, never a truncated one. The lock
+is an advisory ``flock`` on an open file on a disk (the kernel drops it when the driver dies, so
+a lock left by a killed driver is stale without any clean-up) and a lock object with a lease in
+a bucket (`calibtune.storage.hold_lock`). ``optuna.db`` is SQLite, which needs a POSIX disk: a
+study in a bucket names its Optuna storage (``search.optuna_storage``, an RDB URL) or is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import os
 import pickletools
-import socket
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -32,9 +33,9 @@ from typing import Any
 
 import yaml
 
-from calibtune._io import atomic_write
-from calibtune._names import check_name, safe_join
+from calibtune._names import check_name
 from calibtune._yaml import load_text
+from calibtune.storage import Storage, StorageError, StorageLockedError, hold_lock, open_storage
 
 # Lazy: `_config` and `_spaces` (Optuna; the registries and torch when a whole study is
 # validated) are imported by the methods that read a study, so that `calibtune --help` stays
@@ -78,7 +79,7 @@ class StudyState:
     study_path: str | None = None
 
     @classmethod
-    def from_json(cls, text: str, where: Path) -> StudyState:
+    def from_json(cls, text: str, where: Storage) -> StudyState:
         try:
             d = json.loads(text)
             return cls(
@@ -101,57 +102,91 @@ def _excerpt(text: str, n: int = 40) -> str:
     return repr(s if len(s) <= n else s[:n] + "…")
 
 
+def _open(where: str | os.PathLike[str] | Storage, key: str = "storage") -> Storage:
+    try:
+        return open_storage(where, key)
+    except StorageError as exc:
+        raise StudyDirError(str(exc)) from None
+
+
 @dataclass(frozen=True)
 class StudyDir:
-    """One study's folder ``root / name`` (``root`` resolved; ``name`` a validated study name)."""
+    """One study's folder ``root / name`` (``root`` a `Storage`; ``name`` a valid study name)."""
 
-    root: Path
+    root: Storage
     name: str
 
     @classmethod
-    def at(cls, name: str, storage: str | Path | None = None) -> StudyDir:
+    def at(cls, name: str, storage: str | Path | Storage | None = None) -> StudyDir:
         """The folder of study ``name`` under ``storage`` (default `default_storage`)."""
-        root = Path(storage or default_storage()).expanduser().resolve()
+        root = _open(storage or default_storage())
         try:
-            safe_join(root, check_name(name, "study name"), where="study name")
+            check_name(name, "study name")
         except ValueError as exc:
             raise StudyDirError(str(exc)) from None
         return cls(root, name)
 
     @classmethod
-    def find(cls, ref: str | Path, storage: str | Path | None = None) -> StudyDir:
-        """A study by its folder (holding the state file) or its name under ``storage``."""
-        p = Path(ref).expanduser()
-        if (p / STATE_FILE).is_file():
-            p = p.resolve()
-            return cls(p.parent, p.name)
+    def find(
+        cls, ref: str | Path | Storage, storage: str | Path | Storage | None = None
+    ) -> StudyDir:
+        """A study by its folder (holding the state file; a path or a URI) or its name under
+        ``storage``."""
+        if isinstance(ref, Storage):
+            ref = ref.uri
+        text = os.fspath(ref)
+        p = Path(text).expanduser()
+        if "://" in text or p.exists():
+            folder = _open(text)
+            if (folder / STATE_FILE).is_file():
+                return cls(folder.parent, folder.name)
         sd = None
-        if "/" not in str(ref):  # a study name, unless it is no valid one and a path is
+        if "/" not in text:  # a study name, unless it is no valid one and a path is
             try:
-                sd = cls.at(str(ref), storage)
+                sd = cls.at(text, storage)
             except StudyDirError:
                 if not p.exists():
                     raise
             if sd is not None and sd.state_file.is_file():
                 return sd
-        raise StudyDirError(_no_study(str(ref), p, sd))
+        raise StudyDirError(_no_study(text, p, sd))
 
     @property
-    def path(self) -> Path:
+    def path(self) -> Storage:
         return self.root / self.name
 
     @property
-    def state_file(self) -> Path:
+    def state_file(self) -> Storage:
         return self.path / STATE_FILE
 
     @property
-    def trials_dir(self) -> Path:
+    def trials_dir(self) -> Storage:
         return self.path / "trials"
 
     @property
     def optuna_db(self) -> Path:
-        """The study's embedded Optuna RDB storage (SQLite) unless the study names another."""
-        return self.path / "optuna.db"
+        """The study's embedded Optuna RDB storage (SQLite, on a local disk only) unless the
+        study names another (`check_optuna_home`)."""
+        return self.path.local_path() / "optuna.db"
+
+    def check_optuna_home(self, optuna_storage: str | None) -> None:
+        """Refuse, in one line, a study in a bucket without an Optuna storage of its own:
+        SQLite (``optuna.db``) needs a POSIX disk with working locks, which a bucket is not."""
+        if self.path.is_local or optuna_storage:
+            return
+        raise StudyDirError(
+            f"search.optuna_storage: expected an RDB URL (e.g. postgresql://HOST/DB) for a "
+            f"study stored in {self.root}, found none (the default optuna.db is SQLite, which "
+            "cannot live in object storage)"
+        )
+
+    def local_scratch(self) -> Path:
+        """A local folder for this driver's own notes about the study (e.g. retried requests):
+        the study folder on a disk, a cache folder for a study in a bucket."""
+        if self.path.is_local:
+            return self.path.local_path()
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        return base / "calibtune" / "studies" / self.path.scheme / self.path.path
 
     def has_tune_state(self) -> bool:
         return (self.path / TUNER_FILE).exists()
@@ -160,8 +195,7 @@ class StudyDir:
         return StudyState.from_json(_read(self.state_file), self.state_file)
 
     def write_state(self, state: StudyState) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.state_file, json.dumps(asdict(state), indent=2))
+        self.state_file.write_text(json.dumps(asdict(state), indent=2))
 
     def read_study(self) -> Any:
         """The study as it was run (`StudyConfig`), re-validated from its saved copy."""
@@ -180,8 +214,7 @@ class StudyDir:
 
     def write_study(self, study: Any) -> None:
         """Save the study self-contained (search spaces inlined): resuming needs no other file."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.path / STUDY_COPY, self_contained(study))
+        (self.path / STUDY_COPY).write_text(self_contained(study))
 
     @contextlib.contextmanager
     def lock(self) -> Iterator[None]:
@@ -189,35 +222,27 @@ class StudyDir:
         The folders this call created (the study's, and its storage's if new) are removed again
         on the way out while nothing else was written to them (a study refused before it
         started leaves nothing behind, not even an empty ``runs/studies``)."""
-        made = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        created = bool(made)
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        made: list[Path] = []
+        if self.path.is_local:
+            here = self.path.local_path()
+            made = [p for p in (here, *here.parents) if not p.exists()]
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise
-                raise StudyLockedError(self._held_by(fd)) from None
-            holder = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(holder).encode(), 0)
-            yield
+            with hold_lock(self.path / LOCK_FILE):
+                yield
+        except StorageLockedError as exc:
+            raise StudyLockedError(self._held_by(exc.holder)) from None
         finally:
-            if created and [p.name for p in self.path.iterdir()] == [LOCK_FILE]:
-                (self.path / LOCK_FILE).unlink()
+            if made and (self.path / LOCK_FILE).exists() and self.path.listdir() == [LOCK_FILE]:
+                (self.path / LOCK_FILE).delete()
                 for folder in made:  # deepest first; one another process uses stays
                     with contextlib.suppress(OSError):
                         folder.rmdir()
-            os.close(fd)  # closing the descriptor releases the flock
 
-    def _held_by(self, fd: int) -> str:
+    def _held_by(self, h: dict[str, Any] | None) -> str:
         try:
-            h = json.loads(os.pread(fd, 4096, 0) or b"{}")
-            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(h["since"])))
-            who = f"pid {h['pid']} on {h['host']} since {since}"
-        except (ValueError, KeyError, TypeError):
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(h["since"])))  # type: ignore[index]
+            who = f"pid {h['pid']} on {h['host']} since {since}"  # type: ignore[index]
+        except (KeyError, TypeError, ValueError):
             who = "another process"
         return (
             f"study {self.name}: expected no other driver on {self.path}, found {who} running it; "
@@ -234,7 +259,7 @@ class StudyDir:
                 f"{'another file' if tuner.is_file() else 'none'}; this study cannot be resumed "
                 "(its finished trials stay in MLflow): run it under a new name"
             )
-        states = sorted(self.path.glob("experiment_state-*.json"))
+        states = self.path.glob("experiment_state-*.json")
         if not states:
             raise StudyDirError(
                 f"{self.path}: expected Ray Tune's experiment_state-*.json, found none; this study "
@@ -268,12 +293,12 @@ def _no_study(ref: str, p: Path, sd: StudyDir | None) -> str:
     return f"{expected}, found nothing at that path"
 
 
-def _is_tuner_pickle(path: Path) -> bool:
+def _is_tuner_pickle(path: Storage) -> bool:
     """Whether ``path`` is a pickle of Ray Tune's Tuner state, judged by reading its opcodes
     (`pickletools.genops` executes nothing) for the names that state always holds."""
     names: set[str] = set()
     try:
-        with open(path, "rb") as f:
+        with path.open_input() as f:
             for _op, arg, _pos in pickletools.genops(f):
                 if isinstance(arg, str):
                     names.add(arg)
@@ -296,9 +321,9 @@ def self_contained(study: Any) -> str:
     return yaml.safe_dump(raw, sort_keys=False)
 
 
-def _read(path: Path) -> str:
+def _read(path: Storage) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text()
     except FileNotFoundError:
         raise StudyDirError(f"{path}: expected a file, found none") from None
     except (UnicodeDecodeError, OSError) as e:
