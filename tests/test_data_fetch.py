@@ -566,3 +566,21 @@ def test_an_unwritable_root_is_refused_in_one_line(
         "calibtune data: error: NAME: expected one of cifar10, cifar100, svhn, cifar10c, "
         "cifar100c, tiny_imagenet, got 'mnist'"
     ]
+
+
+def test_progress_is_drawn_on_a_terminal_only() -> None:
+    from calibtune.data._fetch import _Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    for stream in (tty, pipe):
+        p = _Progress("f.tar", 4 << 20, 0, stream)
+        p.t0 -= 1.0  # one second into the download
+        p.last -= 1.0
+        p.update(1 << 20)
+        p.close()
+    assert re.fullmatch(r"\rf\.tar  1\.0/4\.0 MiB  1\.0 MiB/s  ETA 0:00:0[23] *\n", tty.getvalue())
+    assert pipe.getvalue() == ""

@@ -212,18 +212,15 @@ def download_url(url: str, dest: Path, md5: str, name: str, stream: IO[str] | No
 
 
 def _check_member(name: str, archive: Path, member: str, link: bool, special: bool) -> None:
+    """Refuse one archive member that could write outside the folder it is unpacked into."""
     path = PurePosixPath(member)
-    why = (
-        "an absolute path"
-        if path.is_absolute() or member.startswith(("/", "\\"))
-        else "a path with '..'"
-        if ".." in path.parts
-        else "a link"
-        if link
-        else "a device or fifo"
-        if special
-        else None
+    reasons = (
+        (path.is_absolute() or member.startswith("\\"), "an absolute path"),
+        (".." in path.parts, "a path with '..'"),
+        (link, "a link"),
+        (special, "a device or fifo"),
     )
+    why = next((why for bad, why in reasons if bad), None)
     if why is not None:
         raise FetchError(
             f"{name}: {archive.name}: expected members inside the data root, got {why}: "
