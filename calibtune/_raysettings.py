@@ -83,12 +83,17 @@ def apply_train_env() -> dict[str, str]:
 
 def train_runtime_env() -> dict[str, dict[str, str]]:
     """``runtime_env`` for a client of an existing cluster (its raylets do not see this process's
-    environment): the values `apply_train_env` puts in effect, less any key a Ray Job's own
+    environment): the values `apply_train_env` puts in effect and, where this process is quiet
+    (`calibtune.study._display.QUIET_ENV` set), the quiet settings, less any key a Ray Job's own
     ``runtime_env`` already sets (Ray refuses a driver that sets the same variable again).
 
-    >>> sorted(train_runtime_env()["env_vars"]) == sorted(TRAIN_ENV)
+    >>> set(TRAIN_ENV) <= set(train_runtime_env()["env_vars"])
     True
     """
+    from calibtune.study._display import QUIET_ENV
+
     job = json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}") or "{}")
     taken = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
-    return {"env_vars": {k: v for k, v in apply_train_env().items() if k not in taken}}
+    quiet = {k: os.environ[k] for k in QUIET_ENV if k in os.environ}
+    env = {**apply_train_env(), **quiet}
+    return {"env_vars": {k: v for k, v in env.items() if k not in taken}}

@@ -29,8 +29,11 @@ RAY = str(Path(sys.executable).parent / "ray")
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a node started from an activated virtualenv (its ``python`` first on
+    PATH: what a submitted job's entrypoint runs), with token auth."""
     return {
         **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         "RAY_AUTH_MODE": "token",
         "RAY_USAGE_STATS_ENABLED": "0",
         **(extra or {}),

@@ -34,6 +34,7 @@ GROUPS = {
     # never two multi-node Ray clusters at once
     "tests/test_cluster.py": "cluster",
     "tests/test_cluster_ddp.py": "cluster",
+    "tests/test_submit_cluster.py": "cluster",
 }
 SPREAD = {"tests/test_faults.py", "tests/test_terminal.py"}
 # Wall-clock bounds a busy second worker could break: `make test` runs these alone, after the

@@ -435,13 +435,19 @@ CASES: list[tuple[str, list[str], dict[str, str], str]] = [
     ("submit-missing", ["submit", "missing.yaml"], {}, r"missing\.yaml: expected a study YAML"),
     (
         "submit-uri-scheme",
-        ["submit", "s.yaml", "--tracking-uri", "foo://bar", "--address", "http://127.0.0.1:1"],
+        [
+            *("submit", "s.yaml", "--storage", "{work}/shared", "--tracking-uri", "foo://bar"),
+            *("--address", "http://127.0.0.1:1"),
+        ],
         {},
         r"--tracking-uri: expected sqlite:///PATH.*got 'foo://bar'",
     ),
     (
         "submit-address-refused",
-        ["submit", "s.yaml", "--address", "http://127.0.0.1:{closed}"],
+        [
+            *("submit", "s.yaml", "--storage", "{work}/shared"),
+            *("--tracking-uri", "sqlite:///{work}/m.db", "--address", "http://127.0.0.1:{closed}"),
+        ],
         {},
         r"--address: expected a Ray dashboard at http://127\.0\.0\.1:\d+, got connection refused",
     ),

@@ -6,6 +6,7 @@ CPU, so that the two concurrent trials of the submitted study must land on diffe
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,23 @@ def _cli(cluster, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def _sent_runtime_env(cluster, job_id: str) -> dict:
+    """The runtime_env the cluster holds for the job (a subprocess, as `_cli`)."""
+    code = (
+        "import json, sys; from ray.job_submission import JobSubmissionClient as C; "
+        "print(json.dumps(C(sys.argv[1]).get_job_info(sys.argv[2]).runtime_env))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, cluster.dashboard, job_id],
+        env=cluster.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return json.loads(out.stdout.splitlines()[-1])
+
+
 def test_submit_study_to_two_node_cluster(tmp_path):
     cluster = start_cluster(tmp_path, nodes=2, num_cpus=1)
     url = cluster.dashboard
@@ -49,6 +67,8 @@ def test_submit_study_to_two_node_cluster(tmp_path):
         path = tmp_path / "cluster_quickstart.yaml"
         path.write_text(yaml.safe_dump(study, sort_keys=False))
         uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+        renv = tmp_path / "runtime_env.yaml"  # Ray's runtime_env, passed through (issue 28)
+        renv.write_text(yaml.safe_dump({"env_vars": {"OMP_NUM_THREADS": "1"}}))
         res = _cli(
             cluster,
             "submit",
@@ -60,8 +80,13 @@ def test_submit_study_to_two_node_cluster(tmp_path):
             str(tmp_path / "studies"),
             "--tracking-uri",
             uri,
+            "--runtime-env",
+            str(renv),
         )
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        # quiet: none of Ray's packaging/upload lines, nor MLflow's or Optuna's
+        for noise in ("Uploading package", "Creating a file package", "Ignoring upload", "INFO"):
+            assert noise not in res.stdout + res.stderr, (noise, res.stdout[-3000:])
         client = MlflowClient(uri)
         exp = client.get_experiment_by_name("calibtune-quickstart")
         trials = client.search_runs([exp.experiment_id], "tags.`calibtune.kind` = 'trial'")
@@ -71,6 +96,10 @@ def test_submit_study_to_two_node_cluster(tmp_path):
         nodes = {t.data.tags["calibtune.node_id"] for t in trials}
         assert len(nodes) == 2, nodes  # trials ran on both nodes
         job_id = res.stdout.split("as Ray job ")[1].split()[0]
+        sent = _sent_runtime_env(cluster, job_id)
+        assert sent["env_vars"]["OMP_NUM_THREADS"] == "1"
+        assert sent["env_vars"]["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
+        assert "/tests" in sent["excludes"]
         status = _cli(cluster, "status", "--address", url)
         assert status.returncode == 0 and job_id in status.stdout
         logs = _cli(cluster, "logs", job_id, "--address", url)

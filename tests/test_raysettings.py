@@ -8,11 +8,12 @@ import json
 import pytest
 
 from calibtune._raysettings import TRAIN_ENV, apply_train_env, train_runtime_env
+from calibtune.study._display import QUIET_ENV
 
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    for key in (*TRAIN_ENV, "RAY_JOB_CONFIG_JSON_ENV_VAR"):
+    for key in (*TRAIN_ENV, *QUIET_ENV, "RAY_JOB_CONFIG_JSON_ENV_VAR"):
         monkeypatch.delenv(key, raising=False)
     return monkeypatch
 

@@ -19,16 +19,15 @@ from typing import Any
 from calibtune._commands import Command, arg
 from calibtune._usage import usage
 from calibtune.study._display import quiet_output
-from calibtune.study._jobs import JOB_EXCLUDES, follow, job_client, project_root, submit_job
+from calibtune.study._jobs import follow, job_client, submission, submit_job
 from calibtune.study._preflight import (
     check_dir,
     check_out_file,
     check_tracking_uri,
     preflight_resume,
     preflight_run,
-    preflight_submit,
 )
-from calibtune.study._studydir import StudyDir, default_storage, self_contained
+from calibtune.study._studydir import StudyDir
 from calibtune.study._tracking import resolve_tracking_uri
 from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
@@ -295,34 +294,24 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_submit(args: argparse.Namespace) -> int:
     from calibtune.study import load_study
 
+    if not args.verbose:
+        quiet_output()  # Ray's packaging and upload lines
     with usage(args.study):
         study = load_study(args.study)
-        preflight_submit(study, tracking_uri=args.tracking_uri, storage=args.storage)
+        spec = submission(
+            study,
+            storage=args.storage,
+            tracking_uri=args.tracking_uri,
+            python=args.python,
+            runtime_env_file=args.runtime_env,
+            verbose=args.verbose,
+        )
         client = job_client(args.address)
-        storage = Path(args.storage or study.storage or default_storage()).expanduser().resolve()
-        uri = resolve_tracking_uri(args.tracking_uri or study.tracking.uri)
-        root = project_root(Path(args.study))
-        entry = (
-            f"{args.python} -m calibtune run --study-env CALIBTUNE_STUDY_YAML --address auto "
-            f"--storage {storage} --tracking-uri {uri} --quiet"
-        )
-        job_id = submit_job(
-            client,
-            entrypoint=entry,
-            runtime_env={
-                "working_dir": str(root),
-                "excludes": list(JOB_EXCLUDES),
-                "env_vars": {
-                    "CALIBTUNE_STUDY_YAML": self_contained(study),
-                    **({"CALIBTUNE_DEBUG": "1"} if os.environ.get("CALIBTUNE_DEBUG") else {}),
-                },
-            },
-            metadata={"calibtune.study": study.name},
-        )
+        job_id = submit_job(client, **spec)
     print(f"submitted study {study.name} as Ray job {job_id}")
     print(f"follow it: calibtune status {job_id} --address {args.address or ''}".rstrip())
     if args.wait:
-        return follow(client, job_id)
+        return follow(client, job_id, args.verbose)
     return 0
 
 
@@ -482,14 +471,25 @@ COMMANDS: dict[str, Command] = {
             STORAGE,
             arg(
                 "--python",
-                default=sys.executable,
-                help="interpreter with calibtune installed on the cluster (default: this one)",
+                default="python",
+                help="interpreter with calibtune installed on the cluster's nodes (default: the "
+                "nodes' python on PATH, the runtime env's where it installs one)",
+            ),
+            arg(
+                "--runtime-env",
+                metavar="FILE",
+                help="Ray runtime_env (YAML/JSON): pip or uv (with constraints.txt), image_uri, "
+                "env_vars, excludes",
             ),
             arg("--wait", action="store_true", help="follow the job's logs until it ends"),
+            *VERBOSITY,
         ),
-        "Submit `calibtune run STUDY.yaml --address auto` as a Ray Job with the project as "
-        "working directory. Storage and the tracking URI must be reachable from the cluster "
-        "(shared paths, an MLflow server); relative paths are made absolute here.",
+        "Submit `python -m calibtune run STUDY.yaml --address auto` as a Ray Job with the "
+        "project as working directory (.gitignore, tests and docs left out). Storage and the "
+        "tracking URI must be given and reachable from every node (s3://BUCKET/PREFIX or a "
+        "shared absolute path; an MLflow server); MLFLOW_*, AWS_*, RAY_TRAIN_* and CALIBTUNE_* "
+        "variables are forwarded. Before the first trial, the job checks that every node runs "
+        "the driver's calibtune, torch, ray, mlflow and optuna.",
     ),
     "resume": Command(
         "restore an interrupted study and finish its unfinished and errored trials",

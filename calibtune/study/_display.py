@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 # CLI imports this module (progress lines, quiet output) without Ray (bench/bench_cli.py).
 
 __all__ = [
+    "QUIET_ENV",
     "Counts",
     "EpochLines",
     "clear_line",
@@ -62,17 +64,27 @@ def status_line(c: Counts, metric: str, best: float | None, elapsed: float) -> s
     )
 
 
+#: the environment of a quiet study's processes (a local Ray's workers inherit it; a cluster's
+#: get it in the job's or the driver's ``runtime_env``): MLflow's INFO lines and its
+#: "Downloading artifacts" progress bars (one per artifact read from another node's trial folder)
+QUIET_ENV = {"MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+
 def quiet_output() -> None:
     """The default terminal of `calibtune run`: Tune's legacy reporter at verbose=0 (the new
     one prints its configuration box and a TensorBoard hint at every verbosity), no
     token-auth notice (Ray logs it when RAY_AUTH_MODE is unset; the mode itself is unchanged),
     no INFO lines from Ray, MLflow (store migrations; MLflow re-applies its level on import, so
     also ``MLFLOW_LOGGING_LEVEL``, which Ray's local workers inherit) or Optuna (study
-    created), and no "Failed to fetch metrics" from Tune's analysis of a restored study (it
-    reads Tune's own result files of trials that never started; the study's results are
-    MLflow's)."""
+    created), no MLflow progress bars (`QUIET_ENV`), no "Failed to fetch metrics" from Tune's
+    analysis of a restored study (it reads Tune's own result files of trials that never
+    started; the study's results are MLflow's), and no Optuna "step=N is already reported"
+    (a retried trial reports its epochs again; Optuna keeps the first value, as calibtune's
+    MLflow curve does)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    for key, value in QUIET_ENV.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore", message=r".*`step=\d+` is already reported")
     for name, level in (
         ("ray._private.authentication.authentication_token_setup", logging.ERROR),
         ("ray", logging.WARNING),

@@ -1,13 +1,26 @@
-"""Ray Jobs for studies: the dashboard address, the job client, submission and following.
+"""Ray Jobs for studies: what a submission sends, its checks, the job client and following.
 
-`calibtune submit` runs ``calibtune run`` on the cluster as a Ray Job with the project as working
-directory and the study (search spaces inlined) in an environment variable.
+`calibtune submit` runs ``python -m calibtune run`` on the cluster as a Ray Job: the node's own
+``python`` (a ``runtime_env`` with ``pip``/``uv`` or an ``image_uri`` puts its interpreter first
+on the job's ``PATH``; the submitting machine's interpreter path means nothing there), the study
+(search spaces inlined) in an environment variable, the project's source as working directory.
+`job_spec` is the one description of a job: `calibtune submit` sends it and the recipes under
+``deploy/`` are generated from it (`calibtune.study._deploy`).
+
+Checked here, before the cluster is contacted (one line each, exit 2): storage and tracking URIs
+that would land on the submitting machine's disk, relative data roots, a ``--runtime-env`` file
+that is not a Ray ``runtime_env``, and a working directory over Ray's upload limit.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
+import tempfile
 import time
+import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +30,73 @@ from calibtune.study._raycluster import client_token_auth
 # Lazy: Ray's job client is imported by the cluster subcommands alone (submit, status, logs),
 # so that `calibtune --help` does not import Ray (bench/bench_cli.py).
 
-__all__ = ["JOB_EXCLUDES", "follow", "job_client", "project_root", "ray_address", "submit_job"]
+__all__ = [
+    "FORWARDED_PREFIXES",
+    "JOB_EXCLUDES",
+    "check_data_roots",
+    "check_job_uris",
+    "check_upload_size",
+    "follow",
+    "forwarded_env",
+    "job_client",
+    "job_excludes",
+    "job_output",
+    "job_spec",
+    "load_runtime_env",
+    "project_root",
+    "ray_address",
+    "submission",
+    "submit_job",
+]
 
-# Left out of the job's working directory (gitignore patterns, as Ray reads them). Anchored with
-# "/": a bare "data" also matches the package calibtune/data, which the job then cannot import.
-JOB_EXCLUDES = ("/.venv", "/runs", "/mlflow.db", "/.git", "/exported", "*.pt", "/data")
+# Left out of the job's working directory besides the project's .gitignore (gitignore patterns,
+# as Ray reads them): what a run on the cluster never reads (tests, docs, benchmarks, the
+# submitting machine's results). Anchored with "/": a bare "data" also matches the package
+# calibtune/data, which the job then cannot import.
+JOB_EXCLUDES = (
+    "/.venv",
+    "/runs",
+    "/mlflow.db",
+    "/mlruns",
+    "/.git",
+    "/exported",
+    "*.pt",
+    "/data",
+    "/tests",
+    "/docs",
+    "/bench",
+    "/results",
+    "/deploy",
+)
+
+#: the environment a job's trials read, forwarded by name (a job does not inherit the
+#: submitting shell's environment): MLflow's client settings, S3 endpoint and credentials, Ray
+#: Train's settings and calibtune's own
+FORWARDED_PREFIXES = ("MLFLOW_", "AWS_", "RAY_TRAIN_", "CALIBTUNE_")
+
+STUDY_ENV = "CALIBTUNE_STUDY_YAML"
+
+#: ``runtime_env`` keys a ``--runtime-env`` file may set (Ray's own names); ``working_dir`` is
+#: calibtune's (the project), its ``excludes`` are added to calibtune's
+RUNTIME_ENV_KEYS = (
+    "pip",
+    "uv",
+    "conda",
+    "image_uri",
+    "env_vars",
+    "py_modules",
+    "py_executable",
+    "excludes",
+    "config",
+)
 
 # the head's job agent starts a few seconds after its dashboard answers
 _AGENT_WAIT_S = 60.0
+
+# Ray's limit on an uploaded package (ray._private.runtime_env.packaging: the gRPC message size,
+# overridable with the same variable Ray reads)
+_RAY_LIMIT_ENV = "RAY_max_grpc_message_size"
+_RAY_LIMIT = 512 * 1024**2
 
 
 def ray_address(address: str | None) -> str:
@@ -56,23 +128,293 @@ def job_client(address: str | None) -> Any:
     return JobSubmissionClient(ray_address(address))
 
 
-def project_root(study_path: Path) -> Path:
-    """The directory with pyproject.toml above the study (else the working directory)."""
+def project_root(study_path: Path) -> Path | None:
+    """The directory with pyproject.toml and the calibtune package above the study; None for a
+    study outside a project (then nothing is uploaded: the nodes' calibtune runs it)."""
     for d in [study_path.resolve().parent, *study_path.resolve().parents]:
         if (d / "pyproject.toml").exists() and (d / "calibtune").is_dir():
             return d
-    return Path.cwd().resolve()
+    return None
 
 
-def follow(client: Any, job_id: str) -> int:
+# ------------------------------------------------------------------------------- checks
+
+
+def _is_remote(value: str) -> bool:
+    """A URI with a scheme other than a local file (``s3://``, ``gs://``, ``http://``, …)."""
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    return bool(scheme) and scheme not in ("file", "sqlite")
+
+
+def check_job_uris(storage: str | None, tracking_uri: str | None) -> tuple[str, str]:
+    """The storage and tracking URI a job runs with: given, and not resolving to the submitting
+    machine's disk (its ``./runs/studies`` default, a relative path, the default
+    ``sqlite:///<cwd>/mlflow.db``); an absolute path is taken as shared storage the nodes mount.
+
+    >>> check_job_uris("s3://calib/studies", "http://mlflow:5000")
+    ('s3://calib/studies', 'http://mlflow:5000')
+    >>> check_job_uris(None, "http://mlflow:5000")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: --storage: expected storage every node of the cluster sees ... got none ...
+    """
+    if not storage:
+        raise ValueError(
+            _where("--storage", "none (the default ./runs/studies is this machine's disk)")
+        )
+    if not _is_remote(storage) and not Path(storage).expanduser().is_absolute():
+        raise ValueError(
+            _where("--storage", f"{storage!r}, a path relative to this machine's working directory")
+        )
+    if not tracking_uri:
+        raise ValueError(
+            "--tracking-uri: expected an MLflow server every node reaches (http://HOST:5000), "
+            "got none (the default sqlite:///<cwd>/mlflow.db is this machine's disk)"
+        )
+    if not _is_remote(tracking_uri) and not _local_path(tracking_uri).startswith("/"):
+        raise ValueError(
+            "--tracking-uri: expected an MLflow server every node reaches (http://HOST:5000), "
+            f"got {tracking_uri!r}, a path relative to this machine's working directory"
+        )
+    return storage, tracking_uri
+
+
+def _local_path(uri: str) -> str:
+    """The path of a local store URI (``sqlite:///rel.db`` is relative, ``sqlite:////abs.db``
+    and ``file:///abs`` absolute)."""
+    for prefix in ("sqlite:///", "file://"):
+        if uri.startswith(prefix):
+            return uri[len(prefix) :]
+    return uri
+
+
+def _where(key: str, got: str) -> str:
+    return (
+        f"{key}: expected storage every node of the cluster sees (s3://BUCKET/PREFIX, or an "
+        f"absolute path on a shared mount), got {got}"
+    )
+
+
+def check_data_roots(study: Any) -> None:
+    """A study whose dataset (or OOD sets) read files must name them by an absolute
+    ``trial.data.root``: a relative one (or the default ``./data``) resolves on each node
+    against the job's working directory, where the submitting machine's files are not."""
+    from calibtune.data import DATASETS
+
+    data = (study.trial or {}).get("data") or {}
+    root = data.get("root")
+    key = f"{study.path}: trial.data.root" if study.path else "trial.data.root"
+    if root is None:
+        name = data.get("name", "digits")
+        if "files" in DATASETS.get(name).tags:
+            raise ValueError(
+                f"{key}: expected an absolute folder that holds {name} on every node, got none "
+                "(the default ./data is relative to the job's working directory)"
+            )
+        return
+    if not Path(str(root)).expanduser().is_absolute():
+        raise ValueError(
+            f"{key}: expected an absolute folder that holds the data on every node, got "
+            f"{root!r} (relative to the job's working directory on the cluster)"
+        )
+
+
+def load_runtime_env(path: str | Path) -> dict[str, Any]:
+    """A ``--runtime-env`` file (YAML or JSON): a mapping of Ray ``runtime_env`` keys
+    (`RUNTIME_ENV_KEYS`), ``env_vars`` strings to strings."""
+    from calibtune._yaml import load_text
+
+    key = f"--runtime-env {path}"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(
+            f"{key}: expected a readable YAML or JSON file, got {exc.strerror}"
+        ) from None
+    env = load_text(text, key)
+    if not isinstance(env, dict) or not env:
+        raise ValueError(f"{key}: expected a mapping of Ray runtime_env keys, got {env!r}")
+    unknown = sorted(set(env) - set(RUNTIME_ENV_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{key}: expected keys among {', '.join(RUNTIME_ENV_KEYS)}, got {', '.join(unknown)}"
+            + (" (calibtune sends the project as working_dir)" if "working_dir" in unknown else "")
+        )
+    variables = env.get("env_vars", {})
+    if not isinstance(variables, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in variables.items()
+    ):
+        raise ValueError(
+            f"{key}: env_vars: expected a mapping of names to strings, got {variables!r}"
+        )
+    if STUDY_ENV in variables:
+        raise ValueError(f"{key}: env_vars: expected no {STUDY_ENV} (submit sets it), got one")
+    if not isinstance(env.get("excludes", []), list):
+        raise ValueError(f"{key}: excludes: expected a list of patterns, got {env['excludes']!r}")
+    return env
+
+
+def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The variables of ``environ`` a job gets by name (`FORWARDED_PREFIXES`).
+
+    >>> forwarded_env({"AWS_ENDPOINT_URL_S3": "http://s3:9000", "HOME": "/root"})
+    {'AWS_ENDPOINT_URL_S3': 'http://s3:9000'}
+    """
+    return {
+        k: v
+        for k, v in sorted(environ.items())
+        if k.startswith(FORWARDED_PREFIXES) and k != STUDY_ENV
+    }
+
+
+def job_excludes(root: Path, extra: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """Ray ``excludes`` for the project at ``root``: `JOB_EXCLUDES`, the project's .gitignore
+    (honoured explicitly: Ray skips it when ``RAY_RUNTIME_ENV_IGNORE_GITIGNORE`` is set) and
+    ``extra`` (a ``--runtime-env`` file's own)."""
+    ignore = root / ".gitignore"
+    lines = ignore.read_text(encoding="utf-8").splitlines() if ignore.is_file() else []
+    patterns = [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+    return list(dict.fromkeys([*JOB_EXCLUDES, *patterns, *extra]))
+
+
+def _ray_limit() -> int:
+    return int(os.environ.get(_RAY_LIMIT_ENV, _RAY_LIMIT))
+
+
+def _package_files(root: Path, excludes: list[str]) -> list[Path]:
+    """The files Ray would upload from ``root``: its own walk with these excludes (nested
+    .gitignore and .rayignore files included)."""
+    from ray._private.runtime_env.packaging import _dir_travel, _get_excludes
+
+    files: list[Path] = []
+    _dir_travel(
+        root,
+        [_get_excludes(root, excludes)],
+        lambda p: files.append(p) if p.is_file() else None,
+        include_gitignore=True,
+    )
+    return files
+
+
+def check_upload_size(root: Path, excludes: list[str]) -> int:
+    """Refuse a working directory whose package exceeds Ray's upload limit (Ray would fail after
+    zipping it), naming its size and largest entries; return the files' total size in bytes.
+    The files' sum bounds the zip from above; only past the limit is the package zipped to
+    know its real size."""
+    files = _package_files(root, excludes)
+    sizes = {f: f.stat().st_size for f in files}
+    total = sum(sizes.values())
+    limit = _ray_limit()
+    if total < limit or _zipped_size(root, files) < limit:
+        return total
+    top: dict[str, int] = {}
+    for f, size in sizes.items():
+        first = f.relative_to(root).parts[0]
+        top[first] = top.get(first, 0) + size
+    largest = sorted(top.items(), key=lambda kv: -kv[1])[:3]
+    named = ", ".join(f"{name} {_mib(size)}" for name, size in largest)
+    raise ValueError(
+        f"{root}: expected a working directory under Ray's upload limit of {_mib(limit)}, got "
+        f"{_mib(total)} in {len(files)} files (largest: {named}); add them to .gitignore or a "
+        ".rayignore, or install the project on the nodes (--runtime-env with pip/image_uri)"
+    )
+
+
+def _zipped_size(root: Path, files: list[Path]) -> int:
+    with tempfile.TemporaryFile() as tmp:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in files:
+                z.write(f, f.relative_to(root))
+        return tmp.tell()
+
+
+def _mib(n: int) -> str:
+    return f"{n / 1024**2:.1f} MiB"
+
+
+# ------------------------------------------------------------------------------- the job
+
+
+def job_spec(
+    study_yaml: str,
+    study_name: str,
+    *,
+    storage: str,
+    tracking_uri: str,
+    python: str = "python",
+    root: Path | None = None,
+    runtime_env: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """What a submission sends: ``entrypoint``, ``runtime_env`` and ``metadata`` (the keywords
+    of ``JobSubmissionClient.submit_job``; a KubeRay ``RayJob``'s ``entrypoint`` and
+    ``runtimeEnvYAML``). ``root``: the project uploaded as working directory (None: nothing);
+    ``env``: variables forwarded by name (`forwarded_env`), under the ``--runtime-env`` file's
+    own ``env_vars``.
+
+    >>> spec = job_spec("name: s", "s", storage="s3://b/p", tracking_uri="http://m:5000")
+    >>> spec["entrypoint"].split(" --storage ")[1]
+    's3://b/p --tracking-uri http://m:5000'
+    >>> spec["runtime_env"]["env_vars"]["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
+    'false'
+    """
+    from calibtune.study._display import QUIET_ENV
+
+    argv = [python, "-m", "calibtune", "run", "--study-env", STUDY_ENV, "--address", "auto"]
+    argv += ["--storage", storage, "--tracking-uri", tracking_uri]
+    argv += ["--verbose"] if verbose else []
+    extra = dict(runtime_env or {})
+    renv: dict[str, Any] = {k: v for k, v in extra.items() if k not in ("env_vars", "excludes")}
+    if root is not None:
+        renv["working_dir"] = str(root)
+        renv["excludes"] = job_excludes(root, extra.get("excludes", ()))
+    renv["env_vars"] = {
+        **({} if verbose else QUIET_ENV),
+        **dict(env or {}),
+        **extra.get("env_vars", {}),
+        STUDY_ENV: study_yaml,
+    }
+    return {
+        "entrypoint": shlex.join(argv),
+        "runtime_env": renv,
+        "metadata": {"calibtune.study": study_name},
+    }
+
+
+# Ray's job manager writes its own lines at the head of a job's log: its log format
+# (``2026-01-01 12:00:00,123\tINFO job_manager.py:581 -- Runtime env is setting up.``) and the
+# entrypoint it runs
+_RAY_JOB_LINE = re.compile(
+    r"^\d{4}-\d\d-\d\d [\d:,.]+\s+[A-Z]+ \S+\.py:\d+ -- |^Running entrypoint for job "
+)
+
+
+def job_output(logs: str, verbose: bool = False) -> str:
+    r"""A job's log as the terminal shows it: without Ray's job-manager lines unless verbose.
+
+    >>> ray_line = "2026-11-27 18:23:52,336\tINFO job_manager.py:581 -- Runtime env is set up."
+    >>> job_output(ray_line + "\n[calibtune] x\n")
+    '[calibtune] x\n'
+    """
+    if verbose:
+        return logs
+    return "".join(ln for ln in logs.splitlines(keepends=True) if not _RAY_JOB_LINE.match(ln))
+
+
+def follow(client: Any, job_id: str, verbose: bool = False) -> int:
+    """Wait for the job; print its logs (`job_output`) and its end. The exit code: 0 succeeded,
+    the driver's own code where Ray knows it (2: the study was refused on the cluster), else 1."""
     from ray.job_submission import JobStatus
 
     while True:
         status = client.get_job_status(job_id)
         if status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.STOPPED):
-            print(client.get_job_logs(job_id), end="")
+            print(job_output(client.get_job_logs(job_id), verbose), end="")
             print(f"job {job_id}: {status}")
-            return 0 if status == JobStatus.SUCCEEDED else 1
+            if status == JobStatus.SUCCEEDED:
+                return 0
+            code = getattr(client.get_job_info(job_id), "driver_exit_code", None)
+            return code if code == 2 else 1
         time.sleep(2)
 
 
@@ -87,3 +429,41 @@ def submit_job(client: Any, **job: Any) -> str:
             if "No available agent" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(2)
+
+
+def submission(
+    study: Any,
+    *,
+    storage: str | None,
+    tracking_uri: str | None,
+    python: str = "python",
+    runtime_env_file: str | None = None,
+    verbose: bool = False,
+) -> dict[str, Any]:
+    """`calibtune submit`'s checks, in order, then its `job_spec`: the storage and tracking URI
+    (given, not this machine's disk; then `preflight_submit`), the data roots, the
+    ``--runtime-env`` file, the upload's size. Nothing is contacted or written."""
+    from calibtune.study._preflight import preflight_submit
+    from calibtune.study._studydir import self_contained
+    from calibtune.study._tracking import resolve_tracking_uri
+
+    store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
+    check_data_roots(study)
+    renv = load_runtime_env(runtime_env_file) if runtime_env_file else None
+    preflight_submit(study, tracking_uri=uri, storage=store)
+    store = store if _is_remote(store) else str(Path(store).expanduser())
+    root = project_root(Path(study.path)) if study.path else None
+    spec = job_spec(
+        self_contained(study),
+        study.name,
+        storage=store,
+        tracking_uri=resolve_tracking_uri(uri),
+        python=python,
+        root=root,
+        runtime_env=renv,
+        env=forwarded_env(os.environ),
+        verbose=verbose,
+    )
+    if root is not None:
+        check_upload_size(root, spec["runtime_env"]["excludes"])
+    return spec

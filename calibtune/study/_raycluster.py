@@ -95,3 +95,6 @@ def check_cluster(study: Any) -> None:
     for _, cfg in study.scaling_configs():
         if cfg.scaling.num_workers:  # STRICT_* strategies need nodes that fit (Ray would wait)
             check_placement_on_cluster(cfg.scaling)
+    from calibtune.study._nodes import check_node_versions
+
+    check_node_versions()  # every other node runs the driver's versions (none: local Ray)

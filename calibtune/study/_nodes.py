@@ -1,0 +1,105 @@
+"""What every node of a cluster runs: the versions a study's trials depend on, probed before the
+first trial.
+
+A cluster whose nodes install software per job (a ``runtime_env`` with ``pip``/``uv``, an
+``image_uri``) or per image can run another calibtune, torch, Ray, MLflow or Optuna on some node
+than on the driver: trials there would train with another loss implementation, log to MLflow with
+another client or fail on a pickled object. `check_node_versions` runs one task on every other
+alive node (pinned to it, no CPU asked, so a busy node answers too) and refuses a mismatch in one
+line naming the node and both versions. The driver's own node runs the driver's environment and is
+not probed (a local Ray has no other node: nothing is started).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import metadata
+from typing import Any
+
+__all__ = ["PACKAGES", "check_node_versions", "node_versions", "version_mismatch"]
+
+#: the distributions whose versions must agree on every node
+PACKAGES = ("calibtune", "torch", "ray", "mlflow", "optuna")
+
+_PROBE_TIMEOUT_S = 300.0
+
+
+def node_versions() -> dict[str, str]:
+    """This process's versions of `PACKAGES` (``absent`` where not installed), read from the
+    installed distributions' metadata (what pip or uv installed on this node).
+
+    >>> node_versions()["ray"] != "absent"
+    True
+    """
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
+def _report() -> dict[str, Any]:
+    """What a node's probe returns: its versions and whether torch sees CUDA there."""
+    import torch
+
+    return {"versions": node_versions(), "cuda": bool(torch.cuda.is_available())}
+
+
+def version_mismatch(
+    driver: Mapping[str, str], nodes: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """The first node (by name) whose versions differ from the driver's, as one line; None
+    when all agree. ``nodes``: name → `_report` of that node.
+
+    >>> same = {"ray": "2.60.0", "torch": "2.8.0"}
+    >>> version_mismatch(same, {"n1 (10.0.0.2)": {"versions": same, "cuda": True}}) is None
+    True
+    >>> other = {"versions": {"ray": "2.60.0", "torch": "2.4.1"}, "cuda": False}
+    >>> version_mismatch(same, {"n1 (10.0.0.2)": other}).split(";")[0]
+    "node n1 (10.0.0.2): expected the driver's torch 2.8.0, found torch 2.4.1 (CUDA not seen there)"
+    """
+    for name in sorted(nodes):
+        have = nodes[name]["versions"]
+        diff = [p for p in driver if have.get(p) != driver[p]]
+        if diff:
+            want = ", ".join(f"{p} {driver[p]}" for p in diff)
+            found = ", ".join(f"{p} {have.get(p, 'absent')}" for p in diff)
+            cuda = "CUDA seen" if nodes[name]["cuda"] else "CUDA not seen"
+            return (
+                f"node {name}: expected the driver's {want}, found {found} ({cuda} there); "
+                "install one set of versions on every node (--runtime-env with pip and "
+                "constraints.txt, or one image)"
+            )
+    return None
+
+
+def check_node_versions() -> None:
+    """Probe every alive node but the driver's (one task pinned to each) and raise a one-line
+    ValueError on a version mismatch or a node that does not answer in time."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    others = [n for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
+    if not others:
+        return
+    probe = ray.remote(num_cpus=0, max_retries=0)(_report)
+    refs = {
+        f"{n['NodeID'][:12]} ({n['NodeManagerAddress']})": probe.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote()
+        for n in others
+    }
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_TIMEOUT_S)
+    reports = {}
+    for name, ref in refs.items():
+        if ref not in ready:
+            raise ValueError(
+                f"node {name}: expected an answer to the version probe within "
+                f"{_PROBE_TIMEOUT_S:.0f} s, got none (is its runtime_env still installing?)"
+            )
+        reports[name] = ray.get(ref)
+    if (line := version_mismatch(node_versions(), reports)) is not None:
+        raise ValueError(line)
