@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export MPLBACKEND := Agg
 
-.PHONY: quickstart demo test test-fast lint format bench load results venv clean gpu-check
+.PHONY: quickstart demo test test-fast lint format bench load results venv clean gpu-check \
+	gpu-check-dry
 
 venv: $(STAMP)
 
@@ -68,8 +69,9 @@ results: $(STAMP)
 	$(BIN)/python bench/results.py
 
 # The trial path on a real GPU (bench/gpu_check.py: CUDA tests, ResNet-50 trials in local and
-# worker mode, a study, a killed worker, a GPU checkpoint resumed on the CPU; <= 8 min on one
-# H100); without CUDA it says so and exits 0. On the lent GPU machine (no registry, no .venv) it
+# worker mode, a study, a killed worker, 2 DDP workers on 2 GPUs, 4 packed trials, a GPU
+# checkpoint resumed on another GPU and on the CPU, loss.compile on vs off); without CUDA it says
+# so and exits 0. On the lent GPU machine (no registry, no .venv) it
 # uses python3 and the packages `../shared/gpu/bundle-deps` packed into .gpu-deps/site.tar.xz.
 # GPU_CHECK_ARGS: e.g. --precision fp32, or --cpu --small for a dry run here.
 GPU_CHECK_ARGS ?=
@@ -78,6 +80,12 @@ gpu-check:
 	@py=$$( [ -x $(BIN)/python ] && echo $(BIN)/python || echo python3 ); \
 	PYTHONPATH=$$( [ -d /tmp/site ] && [ ! -x $(BIN)/python ] && echo /tmp/site: )$(CURDIR) \
 	PYTHONUNBUFFERED=1 $$py bench/gpu_check.py $(GPU_CHECK_ARGS)
+
+# The full dry run of gpu-check on the CPU (every step with small data and small models, gloo;
+# minutes on 2 cores). `make test` runs the steps that need no Ray cluster on less data (--tiny,
+# tests/test_gpu_check.py).
+gpu-check-dry: $(STAMP)
+	PYTHONUNBUFFERED=1 $(BIN)/python bench/gpu_check.py --cpu --small --precision fp32
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,24 +1,41 @@
-"""`make gpu-check`: the trial path on a real GPU, end to end, in one table (≤ 8 min on one H100).
+"""`make gpu-check`: the trial path on a real GPU, end to end, in one table.
 
-Steps (each timed; any failure makes the exit status 1):
+Steps (each timed; any failure makes the exit status 1; a step the hardware cannot hold is a
+``skipped: why`` row):
 
 1. the suite's CUDA tests (losses, compiled losses against the float64 reference, metrics,
-   post-hoc on CUDA);
+   post-hoc on CUDA, the GPU utilisation keys);
 2. CIFAR-10 in the official python-pickle format (50,000/10,000 images with learnable class
    patterns) and SVHN's ``test_32x32.mat``, written to a temporary folder;
-3. a ResNet-50 trial, 2 epochs, local mode (``num_workers: 0``), OOD svhn + cifar10c, ``ts``;
+3. a ResNet-50 trial, 2 epochs, local mode (``num_workers: 0``), OOD svhn +
+   ``cifar10c_generated`` (CIFAR-10-C itself is fetched, not written here), ``ts``;
 4. the same in Ray Train worker mode (1 worker, nccl);
 5. a 2-trial study through ``calibtune run`` (Tune + Optuna + MLflow), then ``compare`` and
    ``export``;
 6. a study trial in worker mode with ``max_failures: 1`` whose Train worker is SIGKILLed right
    after its first checkpoint: the restarted worker finishes, every epoch once in the trial's
    history and once in its MLflow run;
-7. a trial checkpointed on the GPU resumes on the CPU (one more epoch there).
+7. 2 Ray Train workers on 2 GPUs (DDP over nccl; skipped with one GPU), ``max_failures: 1``: one
+   rank is SIGKILLed after the first checkpoint, the group restarts from it, both ranks in
+   ``workers.json`` of the resumed attempt;
+8. 4 trials packed on one GPU (``{GPU: 0.25}``, 4 at once): all finish, at least two overlap
+   in time, each trial's per-process peak (``gpu_mem_gib``) stays under a quarter of the device,
+   and a process holding that share (`calibtune.trial._placement.hold_share`) cannot allocate
+   past it;
+9. a trial checkpointed on the GPU with every GPU visible resumes on another GPU index
+   (``CUDA_VISIBLE_DEVICES`` = the last GPU: fewer visible than at the save; skipped with one
+   GPU), then on the CPU;
+10. ``loss.compile: on`` against ``off``: the wall time of the same 2-epoch trial, compile time
+    included. The rule for ``auto`` (compiles on CUDA today): if ``on`` is not faster than
+    ``off`` here, ``auto`` must not compile — change `calibtune.losses.wants_compile` and say
+    why. Not yet measured: no GPU has run this step (bench/README.md records what has).
 
 ``--bench`` then runs bench/bench_gpu.py (issue 21's GPU benchmark) on the same device.
 Without CUDA it says so and exits 0. ``--cpu --small`` runs the same steps on the CPU with small
-data and small models (gloo instead of nccl): that is how `make test` keeps the script working
-(tests/test_gpu_check.py). Each command runs as ``python -m calibtune`` of this checkout.
+data and small models (gloo instead of nccl, ``{CPU: 0.25}`` packing, ``auto`` against ``off``
+since ``auto`` is eager on the CPU): ``make gpu-check-dry``. ``--tiny`` shrinks that further
+(fewer images, no cifar10c, bootstrap 10) for `make test` (tests/test_gpu_check.py): every step's
+code runs, on less data. Each command runs as ``python -m calibtune`` of this checkout.
 """
 
 from __future__ import annotations
@@ -97,6 +114,10 @@ def calibtune_cli(args: tuple[str, ...], cwd: Path, env: dict[str, str], timeout
     return proc.stdout
 
 
+class Skip(Exception):
+    """A step this machine cannot hold (e.g. 2 GPUs on a machine with one): a ``skipped`` row."""
+
+
 class Check:
     """Runs the steps, keeps (step, result, seconds), prints the table."""
 
@@ -107,6 +128,8 @@ class Check:
         t0 = time.perf_counter()
         try:
             result = f"ok ({fn()})"
+        except Skip as why:
+            result = f"skipped: {why}"
         except Exception as exc:  # a failed step is a row, the next steps still run
             result = f"FAILED: {' '.join(str(exc).split())[:300]}"
         self.rows.append((name, result, time.perf_counter() - t0))
@@ -130,15 +153,19 @@ def trial_config(args: argparse.Namespace, data: Path, name: str, **over: object
     cfg: dict = {
         "name": name,
         "seed": 1,
-        "data": {"name": "cifar10", "root": str(data), "ood": ["svhn", "cifar10c"]},
+        # CIFAR-10-C is a fetched set (`calibtune data fetch`): its generated stand-in here
+        "data": {"name": "cifar10", "root": str(data), "ood": ["svhn", "cifar10c_generated"],
+                 "shift": []},
         "model": {"name": "small_cnn" if args.small else "resnet50"},
         "loss": {"name": "focal", "params": {"gamma": 3.0}},
         "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4},
         "train": {"epochs": 2, "batch_size": 128, "loader_workers": 4 if not args.small else 0,
                   "precision": args.precision, "channels_last": not args.cpu},
-        "eval": {"posthoc": ["ts"], "bootstrap": 50},
+        "eval": {"posthoc": ["ts"], "bootstrap": 10 if args.tiny else 50},
         "scaling": {"num_workers": 0, "use_gpu": not args.cpu},
     }  # fmt: skip
+    if args.tiny:
+        cfg["data"]["ood"] = ["svhn"]
     for key, value in over.items():
         node = cfg
         *parents, leaf = key.split("__")
@@ -200,20 +227,15 @@ def run_study(c: Check, args: argparse.Namespace, data: Path) -> str:
     return f"2 finished, exported {len(list((c.work / 'exported').glob('*.yaml')))}"
 
 
-def kill_worker(c: Check, args: argparse.Namespace, data: Path) -> str:
-    """SIGKILL the Train worker at its first checkpoint; Ray restarts it (max_failures 1)."""
-    from mlflow.tracking import MlflowClient
-
-    path = study_file(c, args, data, "gpu_kill", num_workers=1, max_failures=1, epochs=2)
-    raw = yaml.safe_load(path.read_text())
-    raw["losses"], raw["search"]["num_samples"] = [{"name": "cross_entropy"}], 1
-    raw["trial"]["model"]["name"] = "small_cnn"
-    _write(path, raw)
-    points = c.work / "failpoints"
+def kill_at_first_checkpoint(c: Check, argv: list[str], tag: str) -> str:
+    """Run ``python -m calibtune ARGV`` with the ``after_checkpoint:1`` failpoint, SIGKILL the
+    Train worker that reaches it first, and wait for the command (Ray restarts the worker group:
+    ``max_failures`` 1); its output, or RuntimeError."""
+    points = c.work / f"failpoints_{tag}"
     points.mkdir(exist_ok=True)
     env = {"CALIBTUNE_FAILPOINT": "after_checkpoint:1", "CALIBTUNE_FAILPOINT_DIR": str(points)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "calibtune", "run", str(path), "--quiet"],
+        [sys.executable, "-m", "calibtune", *argv],
         cwd=c.work, env={**c.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
@@ -230,7 +252,20 @@ def kill_worker(c: Check, args: argparse.Namespace, data: Path) -> str:
     os.kill(int(hit.read_text()), signal.SIGKILL)
     out, _ = proc.communicate(timeout=500)
     if proc.returncode != 0:
-        raise RuntimeError(f"calibtune run exited {proc.returncode}: {out.strip()[-300:]}")
+        raise RuntimeError(f"calibtune {argv[0]} exited {proc.returncode}: {out.strip()[-300:]}")
+    return out
+
+
+def kill_worker(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """SIGKILL the Train worker at its first checkpoint; Ray restarts it (max_failures 1)."""
+    from mlflow.tracking import MlflowClient
+
+    path = study_file(c, args, data, "gpu_kill", num_workers=1, max_failures=1, epochs=2)
+    raw = yaml.safe_load(path.read_text())
+    raw["losses"], raw["search"]["num_samples"] = [{"name": "cross_entropy"}], 1
+    raw["trial"]["model"]["name"] = "small_cnn"
+    _write(path, raw)
+    kill_at_first_checkpoint(c, ["run", str(path), "--quiet"], "kill")
     client = MlflowClient(raw["tracking"]["uri"])
     exp = client.get_experiment_by_name("gpu_kill")
     runs = [
@@ -244,19 +279,139 @@ def kill_worker(c: Check, args: argparse.Namespace, data: Path) -> str:
     return "worker restarted; epochs [1, 2] once in MLflow"
 
 
-def gpu_to_cpu(c: Check, args: argparse.Namespace, data: Path) -> str:
-    """Two epochs checkpointed on the GPU, then a third epoch resumed on the CPU."""
+def _epochs(c: Check, name: str) -> list[int]:
+    hist = (c.work / "trials" / name / "artifacts" / "history.jsonl").read_text()
+    return [json.loads(line)["epoch"] for line in hist.splitlines()]
+
+
+def ddp_two_workers(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """2 Train workers (nccl on 2 GPUs, gloo on the CPU), one SIGKILLed at the first
+    checkpoint: the group resumes from it; each epoch once, both ranks in ``workers.json``."""
+    import torch
+
+    if not args.cpu and torch.cuda.device_count() < 2:
+        raise Skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    over = {"model__name": "small_cnn", "data__ood": [], "train__loader_workers": 0,
+            "scaling__num_workers": 2, "scaling__max_failures": 1}  # fmt: skip
+    path = _write(c.work / "ddp2.yaml", trial_config(args, data, "ddp2", **over))
+    kill_at_first_checkpoint(
+        c, ["train", str(path), "--storage-path", str(c.work / "trials")], "ddp2"
+    )
+    if _epochs(c, "ddp2") != [1, 2]:
+        raise RuntimeError(f"expected epochs [1, 2] once each, got {_epochs(c, 'ddp2')}")
+    workers = json.loads((c.work / "trials" / "ddp2" / "artifacts" / "workers.json").read_text())
+    ranks = [r["rank"] for r in workers["ranks"]]
+    if ranks != [0, 1] or workers["start_epoch"] != 1:
+        raise RuntimeError(f"expected ranks [0, 1] resumed after epoch 1, got {workers}")
+    backend = "gloo" if args.cpu else "nccl"
+    return f"2 ranks ({backend}), one killed after epoch 1, resumed; epochs [1, 2] once"
+
+
+def _capped_allocation() -> str:
+    """In a fresh process: hold a quarter of GPU 0 (`hold_share`), then ask for a third of it."""
+    code = (
+        "import torch\n"
+        "from calibtune.trial._placement import hold_share\n"
+        "dev = torch.device('cuda', 0)\n"
+        "hold_share({'CPU': 1.0, 'GPU': 0.25}, dev)\n"
+        "n = torch.cuda.get_device_properties(dev).total_memory // 3\n"
+        "try:\n"
+        "    torch.empty(n, dtype=torch.uint8, device=dev)\n"
+        "    print('allocated')\n"
+        "except torch.OutOfMemoryError:\n"
+        "    print('refused')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+    return out.stdout.strip() or out.stderr.strip()[-200:]
+
+
+def packed_trials(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """4 trials at once on one GPU (``{GPU: 0.25}``; ``{CPU: 0.25}`` on the CPU): all finish,
+    two or more overlap, each stays under its memory share, which a process cannot pass."""
+    from mlflow.tracking import MlflowClient
+
+    share = {"CPU": 0.25} if args.cpu else {"CPU": 1.0, "GPU": 0.25}
+    path = study_file(c, args, data, "gpu_packed", resources_per_worker=share, epochs=1)
+    raw = yaml.safe_load(path.read_text())
+    raw["losses"] = [{"name": "cross_entropy"}, {"name": "focal"}]
+    raw["search"].update(num_samples=4, max_concurrent=4)
+    raw["trial"]["model"]["name"] = "small_cnn"
+    raw["trial"]["data"]["ood"] = []
+    _write(path, raw)
+    c.calibtune("run", str(path), "--quiet")
+    client = MlflowClient(raw["tracking"]["uri"])
+    exp = client.get_experiment_by_name("gpu_packed")
+    runs = [
+        r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+    ]
+    done = [r for r in runs if r.info.status == "FINISHED"]
+    if len(done) != 4:
+        raise RuntimeError(f"expected 4 finished trials, got {[r.info.status for r in runs]}")
+    spans = sorted((r.info.start_time, r.info.end_time) for r in done)
+    overlap = max(sum(a <= s < b for a, b in spans) for s, _ in spans)
+    if overlap < 2:
+        raise RuntimeError(f"expected packed trials to overlap, got spans {spans}")
+    out = f"4 finished, up to {overlap} at once"
+    if args.cpu:
+        return out + "; memory cap: CUDA only"
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    peak = max(float(r.data.metrics.get("gpu_mem_gib", float("inf"))) for r in done)
+    if peak > total / 4:
+        raise RuntimeError(f"a packed trial peaked at {peak:.2f} GiB of {total:.0f} GiB")
+    capped = _capped_allocation()
+    if capped != "refused":
+        raise RuntimeError(f"a third of the GPU past a 0.25 share: expected refused, got {capped}")
+    return out + f", peak {peak:.2f} GiB each; past the 0.25 cap: refused"
+
+
+def resume_elsewhere(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """Epochs 1-2 with every GPU visible, epoch 3 resumed on another GPU index where there are
+    two (``CUDA_VISIBLE_DEVICES`` = the last one: fewer GPUs visible than at the save), then one
+    more epoch on the CPU."""
+    import torch
+
     over = {"model__name": "small_cnn", "data__ood": [], "train__loader_workers": 0}
     run_trial(c, args, data, "gpu_then_cpu", **over)
-    cfg = trial_config(args, data, "gpu_then_cpu", **over)
-    path = _write(c.work / "gpu_then_cpu.yaml", cfg)
-    c.calibtune("train", str(path), "--storage-path", str(c.work / "trials"),
-                "--set", "train.epochs=3", "--no-use-gpu")  # fmt: skip
-    hist = (c.work / "trials" / "gpu_then_cpu" / "artifacts" / "history.jsonl").read_text()
-    epochs = [json.loads(line)["epoch"] for line in hist.splitlines()]
-    if epochs != [1, 2, 3]:
-        raise RuntimeError(f"expected epochs [1, 2, 3] after resuming on the CPU, got {epochs}")
-    return "epochs 1-2 on the GPU, 3 on the CPU"
+    path = _write(c.work / "gpu_then_cpu.yaml", trial_config(args, data, "gpu_then_cpu", **over))
+    store = ("--storage-path", str(c.work / "trials"))
+    gpus = 0 if args.cpu else torch.cuda.device_count()
+    done, where = 2, ["epochs 1-2 on " + ("the CPU" if args.cpu else f"{gpus} visible GPU(s)")]
+    if gpus >= 2:
+        done += 1
+        env = {**c.env, "CUDA_VISIBLE_DEVICES": str(gpus - 1)}
+        calibtune_cli(("train", str(path), *store, "--set", f"train.epochs={done}"),
+                      c.work, env, 600)  # fmt: skip
+        where.append(f"{done} on GPU {gpus - 1} alone")
+    else:
+        where.append("another GPU index: skipped (1 GPU)" if not args.cpu else "")
+    done += 1
+    c.calibtune("train", str(path), *store, "--set", f"train.epochs={done}", "--no-use-gpu")
+    if _epochs(c, "gpu_then_cpu") != list(range(1, done + 1)):
+        raise RuntimeError(
+            f"expected epochs 1..{done} after resuming, got {_epochs(c, 'gpu_then_cpu')}"
+        )
+    where.append(f"{done} on the CPU")
+    return ", ".join(w for w in where if w)
+
+
+def compile_on_off(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """The same 2-epoch trial with ``loss.compile`` on and off (``auto``, eager, on the CPU):
+    wall time including compilation, and what it says about ``auto``."""
+    modes = ("auto", "off") if args.cpu else ("on", "off")
+    wall = {}
+    for mode in modes:
+        t0 = time.perf_counter()
+        run_trial(c, args, data, f"compile_{mode}", loss__compile=mode, data__ood=[],
+                  loss__name="adafocal", loss__params={})  # fmt: skip
+        wall[mode] = time.perf_counter() - t0
+    on, off = (wall[m] for m in modes)
+    if args.cpu:
+        return f"{modes[0]} {on:.1f} s, off {off:.1f} s (CPU: both eager; the rule needs a GPU)"
+    verdict = "auto may compile" if on < off else "auto must not compile: change the default"
+    return f"on {on:.1f} s, off {off:.1f} s (2 epochs, compile included): {verdict}"
 
 
 def cuda_tests(c: Check) -> str:
@@ -265,7 +420,7 @@ def cuda_tests(c: Check) -> str:
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k",
          "cuda and (not compiled or adafocal or dual_focal or fcl or label_smoothing or mbls)",
          "tests/test_losses.py", "tests/test_losses_compile.py", "tests/test_metrics.py",
-         "tests/test_posthoc.py"],
+         "tests/test_posthoc.py", "tests/test_device_path.py"],
         cwd=ROOT, env=c.env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
@@ -274,11 +429,41 @@ def cuda_tests(c: Check) -> str:
     return last
 
 
+#: ``--steps`` key -> (table row, step); in this order
+STEPS: dict[str, tuple[str, Callable[[Check, argparse.Namespace, Path], str]]] = {
+    "local": ("trial, local mode", lambda c, a, d: run_trial(c, a, d, "local")),
+    "worker": (
+        "trial, Train worker",
+        lambda c, a, d: run_trial(c, a, d, "worker", scaling__num_workers=1),
+    ),
+    "study": ("study: run, compare, export", run_study),
+    "kill": ("worker SIGKILL, restart", kill_worker),
+    "ddp2": ("2 Train workers, one killed, resumed", ddp_two_workers),
+    "packed": ("4 trials packed on one GPU", packed_trials),
+    "resume": ("GPU checkpoint resumes elsewhere", resume_elsewhere),
+    "compile": ("loss.compile on vs off", compile_on_off),
+}
+
+
+def _steps(value: str) -> list[str]:
+    keys = list(STEPS) if value == "all" else [k.strip() for k in value.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in STEPS]
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(
+            f"expected 'all' or steps among {', '.join(STEPS)}, got {value!r}"
+        )
+    return [k for k in STEPS if k in keys]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cpu", action="store_true", help="run on the CPU (a dry run of the steps)")
     ap.add_argument("--small", action="store_true", help="small data and models")
+    ap.add_argument("--tiny", action="store_true", help="with --small: less data (make test)")
     ap.add_argument("--precision", default="bf16", choices=["fp32", "bf16", "fp16"])
+    steps = ", ".join(STEPS)
+    ap.add_argument("--steps", default="all", type=_steps,
+                    help=f"comma-separated steps (data are always written): {steps}")  # fmt: skip
     ap.add_argument("--out", type=Path, help="also write the table to this file")
     ap.add_argument("--bench", action="store_true", help="then run bench/bench_gpu.py")
     args = ap.parse_args(argv)
@@ -287,7 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.cpu and not torch.cuda.is_available():
         print("gpu-check: needs a CUDA GPU (none is visible here); nothing to check")
         return 0
+    args.small = args.small or args.tiny
     args.n_train, n_test = (2_000, 500) if args.small else (50_000, 10_000)
+    if args.tiny:
+        args.n_train, n_test = 500, 200
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -301,26 +489,21 @@ def main(argv: list[str] | None = None) -> int:
         if not args.cpu:
             c.step("CUDA unit tests", lambda: cuda_tests(c))
         c.step("write CIFAR-10 and SVHN", lambda: _write_data(data, args.n_train, n_test))
-        c.step("trial, local mode", lambda: run_trial(c, args, data, "local"))
-        c.step(
-            "trial, Train worker",
-            lambda: run_trial(c, args, data, "worker", scaling__num_workers=1),
-        )
-        c.step("study: run, compare, export", lambda: run_study(c, args, data))
-        c.step("worker SIGKILL, restart", lambda: kill_worker(c, args, data))
-        c.step("GPU checkpoint resumes on CPU", lambda: gpu_to_cpu(c, args, data))
+        for key in args.steps:
+            title, fn = STEPS[key]
+            c.step(title, lambda fn=fn: fn(c, args, data))
     print(c.table())
     if args.out:
         args.out.write_text(c.table() + "\n")
     if args.bench:
-        flags = [f for f, on in (("--cpu", args.cpu), ("--small", args.small)) if on]
+        flags = [f for f, on in (("--cpu", args.cpu), ("--small", args.small)) if on]  # no --tiny
         subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), *flags], env=env)
     return 1 if c.failed else 0
 
 
 def _write_data(data: Path, n_train: int, n_test: int) -> str:
     write_cifar10(data, n_train, n_test)
-    write_svhn(data, max(n_test, 1_000) if n_test < 10_000 else 26_032)
+    write_svhn(data, max(n_test, 1_000 if n_test >= 500 else n_test) if n_test < 10_000 else 26_032)
     return f"{n_train:,}/{n_test:,} images"
 
 

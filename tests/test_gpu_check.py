@@ -1,15 +1,23 @@
 """`make gpu-check` (bench/gpu_check.py) stays runnable where no GPU is: it says so and exits 0,
-and its steps run green on the CPU with small data (the same commands, gloo instead of nccl)."""
+and its steps run green on the CPU with tiny data (the same commands). `make test` runs the steps
+that need no Ray cluster (local trials, resume elsewhere, compile on/off: about a minute on an
+idle 2-core machine); the Ray steps (Train worker, study, SIGKILL, 2 workers, packed trials) run
+in `make gpu-check-dry`, and what they drive is tested in the suite's Ray tests
+(test_trial_workers, test_study_e2e, test_faults, test_cluster_ddp, test_packing)."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_check  # noqa: E402
 
 
 def test_without_a_gpu_it_says_it_needs_one_and_exits_0():
@@ -24,12 +32,14 @@ def test_without_a_gpu_it_says_it_needs_one_and_exits_0():
 
 
 @pytest.mark.slow
-def test_every_step_runs_green_on_the_cpu_with_small_data(tmp_path):
+def test_the_steps_without_ray_run_green_on_the_cpu_with_tiny_data(tmp_path):
+    """Local trials with OOD and TS, a checkpoint resumed with another device, compile on/off
+    (``--tiny``: 500/200 images, small_cnn); all steps: `make gpu-check-dry`."""
     out = tmp_path / "table.md"
     proc = subprocess.run(
-        [sys.executable, "bench/gpu_check.py", "--cpu", "--small", "--precision", "fp32",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=900,
+        [sys.executable, "bench/gpu_check.py", "--cpu", "--tiny", "--precision", "fp32",
+         "--steps", "local,resume,compile", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = out.read_text().splitlines()[2:]
@@ -37,9 +47,36 @@ def test_every_step_runs_green_on_the_cpu_with_small_data(tmp_path):
     assert steps == [
         "write CIFAR-10 and SVHN",
         "trial, local mode",
+        "GPU checkpoint resumes elsewhere",
+        "loss.compile on vs off",
+    ]
+    assert all(" | ok (" in r for r in rows), rows
+    assert "epochs 1-2 on the CPU, 3 on the CPU" in rows[2]
+
+
+def test_every_step_is_selectable_and_runs_in_the_documented_order():
+    assert [t for t, _ in gpu_check.STEPS.values()] == [
+        "trial, local mode",
         "trial, Train worker",
         "study: run, compare, export",
         "worker SIGKILL, restart",
-        "GPU checkpoint resumes on CPU",
+        "2 Train workers, one killed, resumed",
+        "4 trials packed on one GPU",
+        "GPU checkpoint resumes elsewhere",
+        "loss.compile on vs off",
     ]
-    assert all(" | ok (" in r for r in rows), rows
+    assert gpu_check._steps("compile,local") == ["local", "compile"]
+    with pytest.raises(argparse.ArgumentTypeError, match=r"^expected 'all' or steps among local"):
+        gpu_check._steps("local,nccl")
+
+
+def test_a_step_the_machine_cannot_hold_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
+    """One GPU: the 2-worker step is skipped before anything starts; the table says why."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = argparse.Namespace(cpu=False, small=True, tiny=True, precision="bf16")
+    c = gpu_check.Check(tmp_path, {})
+    c.step(
+        "2 Train workers, one killed, resumed", lambda: gpu_check.ddp_two_workers(c, args, tmp_path)
+    )
+    assert c.rows[0][1] == "skipped: needs 2 GPUs, 1 visible" and not c.failed
+    assert not list(tmp_path.iterdir())  # nothing written, nothing run

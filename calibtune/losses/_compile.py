@@ -3,7 +3,10 @@
 On CUDA a calibration loss's forward+backward is some 30-46 small ATen kernels against
 `F.cross_entropy`'s 5, so it is launch-bound; inductor fuses the fused autograd functions'
 bodies (`calibtune.losses._kernel`, `calibtune.losses._regularized`) into a few kernels. On CPU
-the eager kernels are tuned already, so ``auto`` compiles on CUDA only.
+the eager kernels are tuned already, so ``auto`` compiles on CUDA only. Whether that default
+pays is decided by a trial, not by a kernel benchmark: `make gpu-check`'s ``loss.compile on vs
+off`` step times the same 2-epoch trial both ways, compile time included, and if ``on`` is not
+faster ``auto`` must become eager on CUDA too. Not yet measured: no GPU has run that step.
 
 `compile_loss(loss, mode, device)` replaces the module's ``forward`` (the per-step kernel) on
 that instance; everything else — AdaFocal's ``update`` and γ buffers (read by the compiled code,

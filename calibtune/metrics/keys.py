@@ -106,7 +106,9 @@ SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study", *SHIFT_
 SELECTABLE_SPLITS = ("val", "train", "val_shift")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
 RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time", "samples_per_s")
-#: a GPU trial's utilisation per epoch (`calibtune.training.DeviceMonitor`)
+#: a GPU trial's training pass per epoch (`calibtune.training.DeviceMonitor`): ``gpu_util`` is
+#: device-wide (NVML: % of time any kernel ran, packed trials share it), ``gpu_mem_gib`` this
+#: trial process's own peak allocated memory (what its packed-trial cap limits)
 GPU_KEYS = ("gpu_util", "gpu_mem_gib")
 #: the epoch whose model the final evaluation used (``eval.select_epoch: best``)
 SELECTED_EPOCH = "selected_epoch"
