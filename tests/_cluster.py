@@ -97,7 +97,7 @@ class Cluster:
     def dashboard(self) -> str:
         return f"http://127.0.0.1:{self.dashboard_port}"
 
-    def _start(self, args: list[str], prefix: str) -> Node:
+    def _start(self, args: list[str], prefix: str, private_mount: str | None = None) -> Node:
         tmp = tempfile.mkdtemp(prefix=prefix, dir="/tmp")  # short: socket paths are limited
         log = self.logs / f"{Path(tmp).name}.log"
         common = ["--num-cpus", str(self.num_cpus), "--object-store-memory", str(150 * 1024**2)]
@@ -105,8 +105,12 @@ class Cluster:
         # this cluster, a local study): its job agent would then never serve (no job can start)
         common += ["--dashboard-agent-listen-port", str(free_port())]
         argv = [RAY, "start", "--block", "--disable-usage-stats", "--temp-dir", tmp, *common]
+        argv = [*argv, "--node-ip-address", "127.0.0.1", *args]
+        if private_mount:  # the node sees its own empty tmpfs there (as root: `unshare -m`)
+            mount = 'mount -t tmpfs none "$0" && exec "$@"'
+            argv = ["unshare", "-m", "sh", "-c", mount, private_mount, *argv]
         proc = subprocess.Popen(
-            [*argv, "--node-ip-address", "127.0.0.1", *args],
+            argv,
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
             env=self.client_env(),
@@ -131,9 +135,11 @@ class Cluster:
                 assert head.proc.poll() is None, head.log.read_text()[-3000:]
                 time.sleep(1)
 
-    def add_node(self, expect: int) -> Node:
-        """Start a worker node and wait until ``expect`` nodes are alive."""
-        node = self._start(["--address", self.gcs], "rw")
+    def add_node(self, expect: int, private_mount: str | None = None) -> Node:
+        """Start a worker node and wait until ``expect`` nodes are alive; ``private_mount``: a
+        folder (that exists) over which the node has a private empty tmpfs, as a node without
+        the cluster's shared file system would (its own mount namespace: needs root)."""
+        node = self._start(["--address", self.gcs], "rw", private_mount)
         self.wait_nodes(expect)
         return node
 

@@ -32,8 +32,10 @@ GROUPS = {
         "ray_session",
     ),
     # never two multi-node Ray clusters at once
+    "tests/test_autoscale.py": "cluster",
     "tests/test_cluster.py": "cluster",
     "tests/test_cluster_ddp.py": "cluster",
+    "tests/test_cluster_storage.py": "cluster",
     "tests/test_submit_cluster.py": "cluster",
 }
 SPREAD = {"tests/test_faults.py", "tests/test_terminal.py"}
