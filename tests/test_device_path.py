@@ -278,7 +278,7 @@ ALLOWED = {
     "calibtune/data/_digest.py::array_digest": "hashes host copies of the data (lineage)",
     "calibtune/data/_digest.py::dataset_digest": "hashes host copies of the data (lineage)",
     "calibtune/data/_ood.py::_svhn": "reads files into host memory",
-    "calibtune/data/_ood.py::_cifar10c": "reads files into host memory",
+    "calibtune/data/_ood.py::_corrupted": "CIFAR-10-C rows (read or generated) in host memory",
     "calibtune/data/_ood.py::_normalised": "host dataset constants",
     "calibtune/data/_ood.py::_digits_noise": "OOD set generated in host memory",
     "calibtune/data/_ood.py::_far_set": "host dataset labels",
