@@ -99,7 +99,6 @@ def test_submit_study_to_two_node_cluster(tmp_path):
         sent = _sent_runtime_env(cluster, job_id)
         assert sent["env_vars"]["OMP_NUM_THREADS"] == "1"
         assert sent["env_vars"]["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
-        assert "/tests" in sent["excludes"]
         status = _cli(cluster, "status", "--address", url)
         assert status.returncode == 0 and job_id in status.stdout
         logs = _cli(cluster, "logs", job_id, "--address", url)

@@ -1,0 +1,61 @@
+"""Quiet on a cluster too (issue 28 item 7): without --verbose, no Optuna "step=N is already
+reported" warning (a retried trial reports its epochs again), no MLflow artifact progress bars,
+and the same settings sent to a cluster's processes (they do not inherit this environment)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from calibtune._raysettings import train_runtime_env
+from calibtune.study._display import QUIET_ENV
+from calibtune.study._jobs import job_output, job_spec
+
+SCRIPT = """
+import json, optuna, warnings
+from calibtune.study._display import quiet_output
+quiet_output()
+from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as BAR
+optuna.logging.set_verbosity(optuna.logging.ERROR)
+trial = optuna.create_study().ask()
+trial.report(0.5, 1)
+trial.report(0.4, 1)  # a retried trial's epoch 1 again: Optuna keeps the first value
+kept = trial.study.trials[0].intermediate_values
+print(json.dumps({"bar": BAR.get(), "kept": kept}))
+"""
+
+
+def test_a_repeated_report_and_progress_bars_are_quiet() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "already reported" not in out.stderr, out.stderr
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen == {"bar": False, "kept": {"1": 0.5}}
+
+
+def test_the_quiet_settings_reach_a_clusters_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    for key, value in QUIET_ENV.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("RAY_JOB_CONFIG_JSON_ENV_VAR", raising=False)
+    assert QUIET_ENV.items() <= train_runtime_env()["env_vars"].items()
+    spec = job_spec("name: s", "s", storage="s3://b/p", tracking_uri="http://m:5000")
+    assert QUIET_ENV.items() <= spec["runtime_env"]["env_vars"].items()
+    verbose = job_spec(
+        "name: s", "s", storage="s3://b/p", tracking_uri="http://m:5000", verbose=True
+    )
+    assert "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR" not in verbose["runtime_env"]["env_vars"]
+    assert verbose["entrypoint"].endswith(" --verbose")
+
+
+def test_rays_job_manager_lines_are_left_out_unless_verbose() -> None:
+    logs = (
+        "2026-11-27 18:23:52,336\tINFO job_manager.py:581 -- Runtime env is setting up.\n"
+        "Running entrypoint for job raysubmit_x: python -m calibtune run\n"
+        "[calibtune] study s: 1 trials\n"
+    )
+    assert job_output(logs) == "[calibtune] study s: 1 trials\n"
+    assert job_output(logs, verbose=True) == logs
