@@ -22,7 +22,7 @@ import threading
 import time
 import zipfile
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -56,14 +56,14 @@ ROOT = Path(__file__).resolve().parents[1]
 class _Server:
     """Files by URL path; ``log`` holds ``(path, Range header)`` per GET; ``cut[path]`` responses
     of that path end half-way (then the connection closes); paths in ``no_range`` ignore
-    ``Range``; ``hold`` (a folder) makes the first GET wait until two files exist in it."""
+    ``Range``; ``hold`` (a predicate) makes the first GET wait until it is true."""
 
     def __init__(self) -> None:
         self.files: dict[str, bytes] = {}
         self.log: list[tuple[str, str | None]] = []
         self.cut: Counter[str] = Counter()
         self.no_range: set[str] = set()
-        self.hold: Path | None = None
+        self.hold: Callable[[], bool] | None = None
         self.lock = threading.Lock()
         server = self
 
@@ -94,9 +94,8 @@ class _Server:
             return
         if first and self.hold is not None:
             deadline = time.monotonic() + 60
-            while len(list(self.hold.iterdir())) < 2 and time.monotonic() < deadline:
+            while not self.hold() and time.monotonic() < deadline:
                 time.sleep(0.05)
-            time.sleep(0.5)  # the second process is blocked on the root's lock by now
         start = int(rng[6:].split("-")[0]) if rng and path not in self.no_range else 0
         if start >= len(data) > 0:
             h.send_error(416)
@@ -402,12 +401,11 @@ def test_an_archive_member_outside_the_root_is_refused(
 # --- a shared root ----------------------------------------------------------------------------
 
 
-def _fetch_in_child(started: Path, root: Path, out: Path) -> None:
+def _fetch_in_child(root: Path, out: Path) -> None:
     """A forked process (it inherits the test's table): ``calibtune data fetch cifar10 svhn``
     with stdout and stderr in ``out``."""
     with open(out, "w") as f:
         sys.stdout = sys.stderr = f  # pytest's capture objects are not the child's to use
-        (started / str(os.getpid())).touch()  # started: the server may answer now
         code = main(["data", "fetch", "cifar10", "svhn", "--root", str(root)])
     os._exit(code)
 
@@ -415,13 +413,14 @@ def _fetch_in_child(started: Path, root: Path, out: Path) -> None:
 def test_two_concurrent_fetches_download_each_file_once(
     table: dict[str, FetchSet], server: _Server, tmp_path: Path
 ) -> None:
-    started = tmp_path / "started"
-    started.mkdir()
-    server.hold = started  # the first download waits until both processes run
+    logs = [tmp_path / f"out{i}.txt" for i in range(2)]
+    # the first download is answered only once the other process waits on the root's lock
+    server.hold = lambda: any(
+        "waiting for another fetch into" in log.read_text() for log in logs if log.exists()
+    )
     root = tmp_path / "shared"
     fork = multiprocessing.get_context("fork")
-    logs = [tmp_path / f"out{i}.txt" for i in range(2)]
-    procs = [fork.Process(target=_fetch_in_child, args=(started, root, log)) for log in logs]
+    procs = [fork.Process(target=_fetch_in_child, args=(root, log)) for log in logs]
     for p in procs:
         p.start()
     for p in procs:
