@@ -444,6 +444,7 @@ def collect(dataset: str, study_yaml: Path, storage: Path, tracking_uri: str) ->
     frame = trials_frame(ref)
     data = StudyData(dataset, ref.name, {}, format_table(report_table(ref), "markdown"), {})
     data.config = StudyDir.find(ref.name, storage).read_study()
+    data.grids = t_grids(data.config)
     for _, row in frame.iterrows():
         label = row["loss_label"]
         dirs = sorted(
@@ -516,9 +517,10 @@ def page_studies(csv: Path = SEEDS_CSV, alt_csv: Path = SEEDS_CSV_ALT) -> list[S
     kernel = _kernel_of(alt_csv)
     for s in studies:
         s.config = load_study(STUDIES[s.dataset]) if s.dataset in STUDIES else None
+        s.grids = t_grids(s.config)
         s.alt = alts.get(s.dataset)
         if s.alt is not None:
-            s.alt.config, s.alt.kernel = s.config, kernel
+            s.alt.config, s.alt.kernel, s.alt.grids = s.config, kernel, s.grids
     return studies
 
 
@@ -1275,6 +1277,7 @@ def rerender(page: Path, csv: Path, alt_csv: Path) -> str:
     computed from the numbers is new; the timing, stamp, figures and `calibtune report` tables
     of the run that made them are kept."""
     timing, stamp, figures, reports = kept_from_page(page.read_text())
+    stamp = stamp.split(" Page text re-rendered from ", 1)[0]  # an earlier re-render's note
     studies = page_studies(csv, alt_csv)
     for s in studies:
         s.report_md = reports.get(s.name, "")

@@ -202,6 +202,8 @@ def test_the_page_can_be_re_rendered_from_its_csv_without_training(tmp_path: Pat
         == (PAGE.read_text().split("\n## Summary\n")[1].split("\n## ")[0])
     )
     assert f"- Measured wall time of the studies: {timing}. " in again
+    page.write_text(again)  # a second re-render notes itself once, not twice
+    assert G.rerender(page, CSV, G.SEEDS_CSV_ALT).count("Page text re-rendered from") == 1
     assert set(reports) == {"results_mnist1d", "results_digits"} and figures
 
 
