@@ -5,7 +5,8 @@ the spawned processes: torch, calibtune and ``ray.train``'s module, never a Ray 
 branch, with Ray Train's worker context stood in by the process group (rank, world size, DDP
 wrapping; a report is a barrier across ranks, as Ray Train 2's is), and records, per branch, the
 sequence of ``torch.distributed`` collectives this rank entered. `bn_step` trains one DDP step of
-a BatchNorm model and keeps the all-gathered validation logits of the loop's epoch end.
+a BatchNorm model and keeps the all-gathered validation logits of the loop's epoch end. `both`
+runs the two in one process group.
 """
 
 from __future__ import annotations
@@ -88,15 +89,25 @@ def _stand_in_for_ray_train(rank: int, world: int, dist: Any, log: list[str]) ->
     ray.train.torch.prepare_model = DistributedDataParallel
 
 
-def trial_branches(
+def both(
     rank: int, world: int, init_file: str, out: str, branches: dict[str, dict[str, Any]]
+) -> None:
+    """`bn_step`, then `trial_branches`, in one process group (one start-up per rank)."""
+    dist = _init(rank, world, init_file, timeout_s=120)
+    try:
+        bn_step(rank, world, out)
+    finally:
+        trial_branches(rank, world, dist, out, branches)
+
+
+def trial_branches(
+    rank: int, world: int, dist: Any, out: str, branches: dict[str, dict[str, Any]]
 ) -> None:
     """Run each branch's trial config on this rank; write ``{branch: [collective, …]}`` and the
     first error to ``out/rank<r>.json``."""
     calls: dict[str, list[str]] = {}
     error = None
     try:
-        dist = _init(rank, world, init_file, timeout_s=30)
         log: list[str] = []
         _record_collectives(dist, log)
         _stand_in_for_ray_train(rank, world, dist, log)
@@ -119,7 +130,7 @@ def trial_branches(
     (Path(out) / f"rank{rank}.json").write_text(json.dumps({"calls": calls, "error": error}))
 
 
-def bn_step(rank: int, world: int, init_file: str, out: str) -> None:
+def bn_step(rank: int, world: int, out: str) -> None:
     """One DDP training step (32 examples per rank) of ``small_cnn`` (BatchNorm) on digits, then
     the loop's validation pass; rank 0 saves the gathered logits and its own model's logits on
     the full validation set (one process, no sharding)."""
@@ -131,7 +142,6 @@ def bn_step(rank: int, world: int, init_file: str, out: str) -> None:
     from calibtune.models import build_model
     from calibtune.training import LoopSpec, dataset_tensors, infer_logits, train_epochs
 
-    _init(rank, world, init_file, timeout_s=60)
     splits = load_splits("digits", seed=1, val_fraction=0.1)
     torch.manual_seed(3)
     net = build_model("small_cnn", splits.num_classes, splits.input_shape)

@@ -2,7 +2,7 @@
 
 Two spawned processes in one gloo process group (`tests/_collective_ranks.py`) run the real
 trial worker under each config branch and record the ``torch.distributed`` collectives each rank
-enters: the sequences must be equal. A rank left waiting fails after gloo's 30 s timeout instead
+enters: the sequences must be equal. A rank left waiting fails after gloo's 120 s timeout instead
 of hanging, so a divergence shows as an error and unequal sequences. Before issue 27, with
 ``eval.select_epoch: best`` on a ``val_shift/`` metric only rank 0 (which alone computes those
 keys) saw a new best epoch and entered the checkpoint's all-gather.
@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import torch
 
-from tests._collective_ranks import bn_step, trial_branches
+from tests._collective_ranks import both
 
 WORLD = 2
 
 
-def _spawn(target: Any, tmp_path: Path, *args: Any, timeout: float = 240) -> None:
+def _spawn(target: Any, tmp_path: Path, *args: Any, timeout: float = 420) -> None:
     ctx = mp.get_context("spawn")
     init = tmp_path / "pg_init"
     procs = [
@@ -88,10 +88,17 @@ BRANCHES = {
 }
 
 
+@pytest.fixture(scope="module")
+def ranks_ran(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Both ranks' records: the BatchNorm step, then every branch (one spawn for both tests)."""
+    out = tmp_path_factory.mktemp("ranks")
+    _spawn(both, out, BRANCHES)
+    return out
+
+
 @pytest.mark.slow  # two spawned processes, five 3-epoch digits trials each: ~30 s
-def test_every_rank_enters_the_same_collectives_under_every_branch(tmp_path: Path) -> None:
-    _spawn(trial_branches, tmp_path, BRANCHES)
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+def test_every_rank_enters_the_same_collectives_under_every_branch(ranks_ran: Path) -> None:
+    ranks = [json.loads((ranks_ran / f"rank{r}.json").read_text()) for r in range(WORLD)]
     for r, got in enumerate(ranks):
         assert got["error"] is None, f"rank {r}: {got['error']}"
     for name in BRANCHES:
@@ -103,11 +110,10 @@ def test_every_rank_enters_the_same_collectives_under_every_branch(tmp_path: Pat
     assert "broadcast" in ranks[0]["calls"]["adaptive_bn_posthoc"]  # BatchNorm buffers
 
 
-@pytest.mark.slow  # two spawned processes, one step: ~10 s
-def test_gathered_eval_logits_are_rank0_models_on_the_full_set(tmp_path: Path) -> None:
+@pytest.mark.slow  # the spawn above
+def test_gathered_eval_logits_are_rank0_models_on_the_full_set(ranks_ran: Path) -> None:
     """After one DDP step each rank's BatchNorm running statistics include its own half-batch;
     the loop's gathered validation logits must still be rank 0's model's (the checkpoint's)."""
-    _spawn(bn_step, tmp_path)
-    got = torch.load(tmp_path / "bn.pt", weights_only=True)
+    got = torch.load(ranks_ran / "bn.pt", weights_only=True)
     assert got["gathered"].shape == got["rank0"].shape
     torch.testing.assert_close(got["gathered"], got["rank0"], rtol=1e-5, atol=1e-5)
