@@ -21,6 +21,7 @@ GROUPS = {
         [
             "tests/test_constraints.py",
             "tests/test_paired_report.py",
+            "tests/test_parallel_seeds.py",
             "tests/test_placement.py",
             "tests/test_preemption.py",
             "tests/test_results_studies.py",

@@ -100,7 +100,10 @@ MALFORMED = [
         _with("search.num_samples", "ten"),
         r"search.num_samples: expected an integer >= 1, got 'ten'",
     ),
-    (_with("search.max_concurrent", 0), r"search.max_concurrent: expected an integer >= 1, got 0"),
+    (
+        _with("search.max_concurrent", 0),
+        r"search.max_concurrent: expected auto or an integer >= 1, got 0",
+    ),
     (_with("search.sampler", "bayes"), r"search.sampler: expected one of tpe, random, grid"),
     (
         _with("search.objectives", [{"metric": "test/ece"}]),

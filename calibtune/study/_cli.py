@@ -47,6 +47,25 @@ STORAGE = arg(
     help="directory holding study state (default: the study's storage:, else ./runs/studies)",
 )
 RAY_ADDRESS = arg("--address", help="Ray cluster address (default: start a local Ray)")
+
+
+def _wait_duration(text: str) -> float:
+    """argparse type of ``--wait-for-resources``: seconds (`parse_duration`)."""
+    from calibtune.study._raycluster import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+WAIT_FOR_RESOURCES = arg(
+    "--wait-for-resources",
+    type=_wait_duration,
+    metavar="DURATION",
+    help="on a cluster that grows: wait up to DURATION (600, 90s, 10m, 1.5h) for nodes that "
+    "hold a trial before refusing (default: 10m when the cluster has an autoscaler, else none)",
+)
 DASHBOARD_ADDRESS = arg("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
 VERBOSITY = (
     arg(
@@ -72,10 +91,14 @@ def _setup_line(
     uri = tracking_uri or study.tracking.uri or "sqlite:///mlflow.db"
     trials = f"{more} more trials" if more else f"{s.num_samples} trials"
     print(
-        f"[calibtune] study {study.name}: {trials}, {s.max_concurrent} at a time "
+        f"[calibtune] study {study.name}: {trials}, {_at_a_time(s.max_concurrent)} "
         f"on {where}; MLflow {uri}",
         flush=True,
     )
+
+
+def _at_a_time(n: int | str) -> str:
+    return "as many at a time as the cluster holds" if n == "auto" else f"{n} at a time"
 
 
 def _print_outcome(outcome: Any) -> None:
@@ -172,6 +195,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             storage=args.storage,
             verbose=1 if args.verbose else 0,
             more=args.more or 0,
+            wait_for_resources=args.wait_for_resources,
         )
     _print_outcome(outcome)
     return _exit_code(outcome)
@@ -196,7 +220,11 @@ def _cmd_resume(args: argparse.Namespace) -> int:
     with usage():
         preflight_resume(args.study, address=args.address, storage=args.storage)
         outcome = resume_study(
-            args.study, address=args.address, storage=args.storage, verbose=1 if args.verbose else 0
+            args.study,
+            address=args.address,
+            storage=args.storage,
+            verbose=1 if args.verbose else 0,
+            wait_for_resources=args.wait_for_resources,
         )
     _print_outcome(outcome)
     return _exit_code(outcome, "resume")
@@ -307,6 +335,8 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             verbose=args.verbose,
         )
         client = job_client(args.address)
+        if args.wait_for_resources is not None:  # the job's `calibtune run` waits
+            spec["entrypoint"] += f" --wait-for-resources {args.wait_for_resources:g}"
         job_id = submit_job(client, **spec)
     print(f"submitted study {study.name} as Ray job {job_id}")
     print(f"follow it: calibtune status {job_id} --address {args.address or ''}".rstrip())
@@ -444,6 +474,7 @@ COMMANDS: dict[str, Command] = {
         (
             arg("study", metavar="STUDY.yaml", nargs="?"),
             RAY_ADDRESS,
+            WAIT_FOR_RESOURCES,
             TRACKING,
             STORAGE,
             *VERBOSITY,
@@ -482,6 +513,7 @@ COMMANDS: dict[str, Command] = {
                 "env_vars, excludes",
             ),
             arg("--wait", action="store_true", help="follow the job's logs until it ends"),
+            WAIT_FOR_RESOURCES,
             *VERBOSITY,
         ),
         "Submit `python -m calibtune run STUDY.yaml --address auto` as a Ray Job with the "
@@ -494,7 +526,13 @@ COMMANDS: dict[str, Command] = {
     "resume": Command(
         "restore an interrupted study and finish its unfinished and errored trials",
         _cmd_resume,
-        (arg("study", metavar="STUDY_NAME|PATH"), RAY_ADDRESS, STORAGE, *VERBOSITY),
+        (
+            arg("study", metavar="STUDY_NAME|PATH"),
+            RAY_ADDRESS,
+            STORAGE,
+            *VERBOSITY,
+            WAIT_FOR_RESOURCES,
+        ),
         "Tuner.restore a study from its storage directory (or its name under --storage), "
         "finishing unfinished and errored trials; MLflow logging continues in the same parent "
         "and child runs.",

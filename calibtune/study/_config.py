@@ -94,7 +94,7 @@ class SearchConfig:
     sampler: str = "tpe"
     sampler_seed: int = 0
     num_samples: int = 8
-    max_concurrent: int = 2
+    max_concurrent: int | str = "auto"  # auto: what the cluster holds (study/_concurrency.py)
     objectives: tuple[Objective, ...] = (Objective("val/ece@ts", "min"),)
     scheduler: str = "none"
     grace_period: int = 1
@@ -281,9 +281,7 @@ def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
         sampler=sampler,
         sampler_seed=check_int(d.get("sampler_seed", s.sampler_seed), "search.sampler_seed", 0),
         num_samples=check_int(d.get("num_samples", s.num_samples), "search.num_samples", 1),
-        max_concurrent=check_int(
-            d.get("max_concurrent", s.max_concurrent), "search.max_concurrent", 1
-        ),
+        max_concurrent=_max_concurrent(d.get("max_concurrent", s.max_concurrent)),
         objectives=objectives,
         scheduler=scheduler,
         grace_period=check_int(d.get("grace_period", s.grace_period), "search.grace_period", 1),
@@ -294,6 +292,18 @@ def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
         constraints=constraints,
         time_budget=_time_budget(d.get("time_budget")),
     )
+
+
+def _max_concurrent(v: Any) -> int | str:
+    """``auto`` (as many trials as the cluster holds, `calibtune.study._concurrency`) or a cap
+    >= 1."""
+    if v == "auto":
+        return "auto"
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise StudyError(
+            f"search.max_concurrent: expected auto or an integer >= 1, got {excerpt(v)}"
+        )
+    return v
 
 
 def _time_budget(v: Any) -> float | None:

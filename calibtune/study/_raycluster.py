@@ -1,4 +1,5 @@
-"""Ray start-up for a study: a fresh local instance, or a connection to a cluster.
+"""Ray start-up for a study: a fresh local instance, or a connection to a cluster (waiting for
+the nodes of a cluster that grows, `wait_for_nodes`).
 
 The one place that reaches into Ray's private API (token authentication for clients).
 """
@@ -6,7 +7,10 @@ The one place that reaches into Ray's private API (token authentication for clie
 from __future__ import annotations
 
 import logging
+import math
 import os
+import sys
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +20,18 @@ from calibtune.study._display import quiet_output
 # Lazy: Ray and `calibtune.trial` (torch) are imported when a study starts Ray, so that the CLI
 # can import this module for its job client without them (bench/bench_cli.py).
 
-__all__ = ["check_cluster", "check_trials_fit", "client_token_auth", "init_ray"]
+__all__ = [
+    "autoscaler_limits",
+    "check_cluster",
+    "check_trials_fit",
+    "client_token_auth",
+    "init_ray",
+    "parse_duration",
+    "shortfall",
+    "trial_demand",
+    "wait_for_nodes",
+    "waiting_line",
+]
 
 
 def client_token_auth() -> None:
@@ -85,8 +100,24 @@ def check_trials_fit(
             raise ValueError(f"{prefix}{exc}{hint}{which}") from None
 
 
-def check_cluster(study: Any) -> None:
-    """Fail fast when the connected cluster cannot hold one trial (Ray would wait forever)."""
+def check_cluster(study: Any, wait_s: float | None = None) -> None:
+    """Fail fast when the connected cluster cannot hold one trial (Ray would wait forever);
+    on a cluster that can grow, wait for it first (`wait_for_nodes`): ``wait_s`` seconds
+    (``--wait-for-resources``), else `AUTOSCALER_WAIT_S` when the cluster has an autoscaler
+    (`autoscaler_limits`). A local Ray has none: it refuses at once, as before."""
+    try:
+        _check_fits(study)
+    except ValueError as exc:
+        limits = autoscaler_limits()
+        if wait_s is None and limits is None:
+            raise
+        wait_for_nodes(study, exc, AUTOSCALER_WAIT_S if wait_s is None else wait_s, limits)
+    from calibtune.study._nodes import check_node_versions
+
+    check_node_versions()  # every other node runs the driver's versions (none: local Ray)
+
+
+def _check_fits(study: Any) -> None:
     import ray
 
     from calibtune.trial import check_placement_on_cluster
@@ -95,6 +126,154 @@ def check_cluster(study: Any) -> None:
     for _, cfg in study.scaling_configs():
         if cfg.scaling.num_workers:  # STRICT_* strategies need nodes that fit (Ray would wait)
             check_placement_on_cluster(cfg.scaling)
-    from calibtune.study._nodes import check_node_versions
 
-    check_node_versions()  # every other node runs the driver's versions (none: local Ray)
+
+# ------------------------------------------------------------------------- clusters that grow
+
+#: how long a study waits for an autoscaler's nodes when ``--wait-for-resources`` is not given
+AUTOSCALER_WAIT_S = 600.0
+#: seconds between two looks at the cluster while waiting
+WAIT_POLL_S = 2.0
+#: seconds between two waiting lines when stderr is not a terminal (a log)
+LOG_EVERY_S = 15.0
+
+
+def autoscaler_limits() -> dict[str, float] | None:
+    """What the connected cluster's autoscaler could grow it to (resource -> most the cluster
+    can hold), ``{}`` when an autoscaler runs but does not publish its node types (Ray's v1
+    autoscaler), None when there is no autoscaler (a local Ray, a fixed cluster)."""
+    import ray
+    from ray._private import state
+
+    if not ray.is_initialized():
+        return None
+    try:
+        limits = state.state.get_max_resources_from_cluster_config()
+        if limits:
+            return {k: float(v) for k, v in limits.items()}
+        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
+        from ray.experimental.internal_kv import _internal_kv_get
+
+        return {} if _internal_kv_get(DEBUG_AUTOSCALING_STATUS) else None
+    except Exception:  # pragma: no cover - another Ray version: no autoscaler known
+        return None
+
+
+def trial_demand(study: Any) -> list[dict[str, float]]:
+    """The bundles of one seed of the study's largest trial (`StudyConfig.scaling_configs` at
+    their worst): one per worker, one in local mode. A trial starts when one seed fits (its
+    other seeds wait in Ray's queue, where an autoscaler sees them)."""
+    from calibtune.trial import worker_bundle
+
+    best: list[dict[str, float]] = []
+    for _, cfg in study.scaling_configs():
+        bundle = {k: v for k, v in worker_bundle(cfg.scaling).items() if v > 0}
+        bundles = [bundle] * max(cfg.scaling.num_workers, 1)
+        if sum(sum(b.values()) for b in bundles) > sum(sum(b.values()) for b in best):
+            best = bundles
+    return best
+
+
+def shortfall(demand: list[Mapping[str, float]], have: Mapping[str, float]) -> dict[str, float]:
+    """Resource -> how much more of it ``demand`` needs than ``have`` holds.
+
+    >>> shortfall([{"CPU": 1.0, "GPU": 1.0}] * 2, {"CPU": 8.0, "GPU": 1.0})
+    {'GPU': 1.0}
+    """
+    need: dict[str, float] = {}
+    for b in demand:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    return {k: v - float(have.get(k, 0.0)) for k, v in need.items() if v > have.get(k, 0.0) + 1e-9}
+
+
+def waiting_line(missing: Mapping[str, float], waited: float, limit: float) -> str:
+    """``waiting for 1 GPU: 0:42 of 10:00``.
+
+    >>> waiting_line({"GPU": 1.0, "CPU": 2.0}, 42, 600)
+    'waiting for 2 CPU, 1 GPU: 0:42 of 10:00'
+    """
+    what = ", ".join(f"{v:g} {k}" for k, v in sorted(missing.items()))
+    return f"waiting for {what}: {_clock(waited)} of {_clock(limit)}"
+
+
+def _clock(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}:{m % 60:02d}:{s:02d}" if m >= 60 else f"{m}:{s:02d}"
+
+
+def wait_for_nodes(
+    study: Any, refusal: ValueError, wait_s: float, limits: Mapping[str, float] | None
+) -> None:
+    """Wait up to ``wait_s`` for the cluster to hold the study's largest trial (asking the
+    autoscaler for it, `request_resources`), printing `waiting_line` every `WAIT_POLL_S`
+    seconds (one line rewritten on a terminal); refuse in one line (``refusal``'s, with the
+    reason) when the autoscaler's node types cannot hold it or the wait expires."""
+    import ray
+
+    demand = trial_demand(study)
+    cannot = shortfall(demand, limits) if limits else {}
+    if cannot:
+        what = ", ".join(f"{v:g} more {k}" for k, v in sorted(cannot.items()))
+        raise ValueError(f"{refusal}; the cluster's autoscaler cannot add {what}") from None
+    _request(demand)
+    t0, shown = time.monotonic(), -math.inf
+    tty = sys.stderr.isatty()
+    try:
+        while True:
+            waited = time.monotonic() - t0
+            if tty or waited - shown >= LOG_EVERY_S or waited >= wait_s:  # a log: a line a while
+                shown = waited
+                line = waiting_line(shortfall(demand, ray.cluster_resources()), waited, wait_s)
+                end = "" if tty else "\n"
+                print(
+                    f"\r[calibtune] {line}" if tty else f"[calibtune] {line}",
+                    end=end,
+                    file=sys.stderr,
+                    flush=True,
+                )
+            if waited >= wait_s:
+                raise ValueError(
+                    f"{refusal} (waited {_clock(wait_s)} for the cluster to grow)"
+                ) from None
+            time.sleep(min(WAIT_POLL_S, max(wait_s - waited, 0.05)))
+            try:
+                _check_fits(study)
+                return
+            except ValueError as exc:
+                refusal = exc
+    finally:
+        if tty:
+            print(file=sys.stderr, flush=True)
+        _request([])
+
+
+def _request(bundles: list[dict[str, float]]) -> None:
+    """Ask the autoscaler (if any) for ``bundles`` (``[]``: withdraw the request)."""
+    try:
+        from ray.autoscaler.sdk import request_resources
+
+        request_resources(bundles=bundles)
+    except Exception:  # pragma: no cover - no autoscaler API: the pending trials ask
+        pass
+
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of ``--wait-for-resources``: ``600``, ``90s``, ``10m`` or ``1.5h``; a ValueError
+    saying what was expected otherwise.
+
+    >>> parse_duration("10m"), parse_duration("90s"), parse_duration("0")
+    (600.0, 90.0, 0.0)
+    """
+    t = text.strip().lower()
+    unit = t[-1:] if t[-1:] in ("s", "m", "h") else ""
+    try:
+        value = float(t[: len(t) - len(unit)])
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"expected a duration such as 600, 90s, 10m or 1.5h, got {text!r}")
+    return value * _UNITS[unit]

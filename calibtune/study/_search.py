@@ -114,8 +114,7 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
 
 
 def _searcher(study: StudyConfig, history: list[Any]) -> Any:
-    from ray.tune.search import ConcurrencyLimiter
-
+    from calibtune.study._concurrency import concurrency_limiter
     from calibtune.study._constrained import ConstrainedOptunaSearch
 
     objs = study.search.objectives
@@ -132,7 +131,7 @@ def _searcher(study: StudyConfig, history: list[Any]) -> Any:
         study_name=study.name,
         seed=None,
     )
-    return ConcurrencyLimiter(searcher, max_concurrent=study.search.max_concurrent)
+    return concurrency_limiter(study, searcher)  # max_concurrent: auto follows the cluster
 
 
 def _tuner(
@@ -180,10 +179,12 @@ def run_study(
     storage: str | Path | None = None,
     verbose: int = 1,
     more: int = 0,
+    wait_for_resources: float | None = None,
 ) -> StudyOutcome:
     """Run (or, if its storage already holds it, continue) a study and return its results;
     ``more`` (or a ``search.num_samples`` raised since the study ran, nothing else changed):
-    add that many trials to the finished study (`extend_study`)."""
+    add that many trials to the finished study (`extend_study`). ``wait_for_resources``:
+    seconds to wait for a cluster that grows to hold a trial (`check_cluster`)."""
     if not isinstance(study, StudyConfig):
         study = load_study(study)
     sd = study_dir(study, storage)
@@ -195,9 +196,13 @@ def run_study(
     if not more and sd.has_tune_state() and (sd.path / STUDY_COPY).is_file():
         more = added_samples(study, sd.read_study())  # num_samples raised in the study file
     if more:
-        return extend_study(sd.path, more, address=address, verbose=verbose)
+        return extend_study(
+            sd.path, more, address=address, verbose=verbose, wait_for_resources=wait_for_resources
+        )
     if sd.has_tune_state():
-        return resume_study(sd.path, address=address, verbose=verbose)
+        return resume_study(
+            sd.path, address=address, verbose=verbose, wait_for_resources=wait_for_resources
+        )
     _check_files(study)  # bad input stops here, before anything is written or started
     with sd.lock():
         uri = _tracking_uri(study, sd, tracking_uri)
@@ -235,6 +240,7 @@ def extend_study(
     address: str | None = None,
     storage: str | Path | None = None,
     verbose: int = 1,
+    wait_for_resources: float | None = None,
 ) -> StudyOutcome:
     """Add ``more`` trials to a study whose trials have all ended: a new Tune round in its
     folder, continuing its Optuna history and MLflow parent run (`calibtune.study._extend`)."""
@@ -259,6 +265,7 @@ def resume_study(
     address: str | None = None,
     storage: str | Path | None = None,
     verbose: int = 1,
+    wait_for_resources: float | None = None,
 ) -> StudyOutcome:
     """``Tuner.restore`` a study from its folder (or its name under ``storage``), finishing
     unfinished and errored trials, logging to the same MLflow parent and child runs.

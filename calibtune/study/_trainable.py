@@ -1,6 +1,15 @@
 """The Tune trainable of a study: one sampled point, trained once per seed by the trial engine,
 recorded in one MLflow child run (one nested run per seed when there are several).
 
+The seeds of a trial train at the same time (`_parallel_seeds`): each is a Ray task with its own
+resources (`seed_task_options`: the seed's CPU/GPU in local mode; in workers mode the task only
+drives its own Ray Train run, whose workers take theirs), scheduled outside the Tune trial's
+placement group, so a trial of three seeds uses three slots of the cluster and an autoscaler
+sees each seed's demand. The trial reports to Tune, per epoch, the seed mean once every seed
+has that epoch, and at the end the aggregate over seeds (`aggregate`). A seed that fails fails
+the trial after the other seeds have ended (their results are kept): Tune retries the trial
+(``search.max_failures``), whose finished seeds return their saved results at once.
+
 A trial that fails is a result too: its run is marked failed with the reason (tag
 ``calibtune.error`` and ``error.txt``) before the error reaches Tune, which tells Optuna (FAIL).
 A trial restored after an interruption reopens the same run (found by its Tune trial id) and the
@@ -52,6 +61,7 @@ __all__ = [
     "finished_twin",
     "hyperparameters",
     "remember_config",
+    "seed_task_options",
     "trial_dict",
 ]
 
@@ -169,6 +179,7 @@ def _seed_run(
     child: ChildRun,
     trial_id: str,
     seed: int,
+    extra: list[Any] | None = None,
 ) -> Any:
     from calibtune import trial as T
 
@@ -206,7 +217,8 @@ def _seed_run(
         if twin is not None:
             res = _reuse(payload, run_id, logger, *twin)  # type: ignore[arg-type]
         else:
-            res = T.run(cfg, callbacks=[logger], storage_path=payload.trials_dir)
+            callbacks = [logger, *(extra or [])]
+            res = T.run(cfg, callbacks=callbacks, storage_path=payload.trials_dir)
             remember_config(payload.trials_dir, cfg, name)
     except SystemExit:  # Tune ending the trial's actor (a graceful stop): resumable, not failed
         raise
@@ -293,7 +305,10 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
     )
     try:
-        results = [_seed_run(payload, config, hp, child, trial_id, s) for s in study.search.seeds]
+        if len(study.search.seeds) == 1:
+            results = [_seed_run(payload, config, hp, child, trial_id, study.search.seeds[0])]
+        else:
+            results = _parallel_seeds(payload, config, hp, child, trial_id)
     except SystemExit:  # (see `_seed_run`)
         raise
     except BaseException as exc:
@@ -311,6 +326,148 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         set_tag(payload.tracking_uri, child.run_id, TAG_REUSED, twin)  # type: ignore[arg-type]
     child.close("finished")
     tune.report({**last, **final, "calibtune/done": 1.0, **({REUSED_KEY: twin} if twin else {})})
+
+
+# ----------------------------------------------------------------------------- seeds in parallel
+
+#: seconds between two looks at the seed tasks and their epoch reports
+_POLL_S = 0.5
+
+
+def seed_task_options(study: StudyConfig) -> dict[str, Any]:
+    """Ray options of one seed's task: in local mode it trains (the seed's CPU, GPU and custom
+    resources, as `trial_resources` would give a one-seed trial); with Train workers it only
+    drives them (no CPU: the workers hold the resources). ``DEFAULT`` scheduling: outside the
+    Tune trial's placement group. ``max_retries=0``: Tune's ``max_failures`` is the one retry.
+
+    >>> from calibtune.study._config import study_from_text
+    >>> s = study_from_text("name: s\\nlosses: [cross_entropy]\\nsearch: {seeds: [1, 2]}", "s")
+    >>> seed_task_options(s)["num_cpus"]
+    1.0
+    """
+    cfg = study.base_config()
+    opts: dict[str, Any] = {"max_retries": 0, "scheduling_strategy": "DEFAULT"}
+    if cfg.scaling.num_workers:
+        return {**opts, "num_cpus": 0, "memory": DRIVER_RESOURCES["memory"]}
+    from calibtune.trial import worker_bundle
+
+    bundle = worker_bundle(cfg.scaling)
+    custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    opts |= {"num_cpus": bundle.get("CPU", 1.0), "num_gpus": bundle.get("GPU", 0.0)}
+    return opts | ({"resources": custom} if custom else {})
+
+
+@dataclass(frozen=True)
+class _EpochRelay:
+    """`TrialCallback` of one seed: each epoch's scalars to the trial's relay queue, tagged with
+    the Tune trial id and the seed (a reused trial process keeps its queue across trials)."""
+
+    queue: Any  # ray.util.queue.Queue
+    trial_id: str
+    seed: int
+
+    def on_start(self, history: list[Mapping[str, Any]]) -> None:
+        for metrics in history:
+            self.on_epoch(int(metrics["epoch"]), metrics)
+
+    def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None:
+        row = {k: float(v) for k, v in metrics.items() if _scalar(v)}
+        self.queue.put((self.trial_id, self.seed, epoch, row))
+
+    def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
+        pass
+
+
+def _seed_task(
+    payload: StudyPayload,
+    config: Mapping[str, Any],
+    hp: dict,
+    child: ChildRun,
+    trial_id: str,
+    seed: int,
+    queue: Any,
+) -> Any:
+    """One seed of a trial, in its own Ray task (`seed_task_options`)."""
+    watch_retries(Path(payload.trials_dir).parent)
+    relay = _EpochRelay(queue, trial_id, seed)
+    return _seed_run(payload, config, hp, child, trial_id, seed, extra=[relay])
+
+
+_RELAY: list[Any] = []  # this trial process's relay queue (made on first use)
+
+
+def _relay_queue() -> Any:
+    from ray.util.queue import Queue
+
+    if not _RELAY:  # an actor without CPU, outside the trial's placement group
+        _RELAY.append(Queue(actor_options={"num_cpus": 0, "scheduling_strategy": "DEFAULT"}))
+    return _RELAY[0]
+
+
+def _parallel_seeds(
+    payload: StudyPayload, config: Mapping[str, Any], hp: dict, child: ChildRun, trial_id: str
+) -> list[Any]:
+    """Train every seed at once (`_seed_task`), report the seed mean of each epoch to Tune as
+    soon as all seeds have it, and return the seeds' results in the study's seed order. A seed
+    that fails raises once the others have ended; a stop (Tune's, ASHA's) cancels them."""
+    import ray
+
+    seeds = payload.study.search.seeds
+    queue = _relay_queue()
+    task = ray.remote(_seed_task).options(**seed_task_options(payload.study))
+    pending = {task.remote(payload, config, hp, child, trial_id, s, queue): s for s in seeds}
+    epochs: dict[int, dict[int, dict[str, float]]] = {s: {} for s in seeds}
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+    reported = 0
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=_POLL_S)
+            _drain(queue, trial_id, epochs)
+            for ref in done:
+                seed = pending.pop(ref)
+                try:
+                    results[seed] = ray.get(ref)
+                except Exception as exc:  # the seed's own error (Ray keeps its type)
+                    errors.append(exc)
+                    continue
+                for row in results[seed].history:
+                    epochs[seed][int(row["epoch"])] = {
+                        k: float(v) for k, v in row.items() if _scalar(v)
+                    }
+            if not errors:
+                reported = _report_epochs(epochs, reported)
+    except BaseException:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    if errors:
+        raise errors[0]
+    return [results[s] for s in seeds]
+
+
+def _drain(queue: Any, trial_id: str, epochs: dict[int, dict[int, dict[str, float]]]) -> None:
+    """Move the epoch reports waiting in ``queue`` into ``epochs`` (seed -> epoch -> scalars)."""
+    n = queue.size()
+    if not n:
+        return
+    for tid, seed, epoch, row in queue.get_nowait_batch(n):
+        if tid == trial_id and seed in epochs:
+            epochs[seed][int(epoch)] = row
+
+
+def _report_epochs(epochs: Mapping[int, Mapping[int, Mapping[str, float]]], reported: int) -> int:
+    """Report to Tune, in order, every epoch after ``reported`` that all seeds have (their mean,
+    `aggregate`); return the last epoch reported."""
+    from ray import tune
+
+    common = set.intersection(*(set(e) for e in epochs.values()))
+    for epoch in sorted(e for e in common if e > reported):
+        if epoch != reported + 1:
+            break
+        tune.report(aggregate([epochs[s][epoch] for s in epochs]))
+        reported = epoch
+    return reported
 
 
 def _reused_from(results: list[Any], trial_id: str) -> str | None:
@@ -335,17 +492,18 @@ def _run_name(label: str, hp: Mapping[str, Any], seeds: tuple[int, ...]) -> str:
 
 
 def trial_resources(study: StudyConfig) -> dict[str, float]:
-    """The Tune trial's own resources: in local mode it trains (``resources_per_worker``'s CPU,
-    default 1, and with ``use_gpu`` its GPU, default 1 — a fraction such as 0.25 packs four
-    trials on one GPU through Tune's fractional resources); with Train workers it only drives
-    them (`DRIVER_RESOURCES`)."""
+    """The Tune trial's own resources: in local mode with one seed it trains
+    (``resources_per_worker``'s CPU, default 1, and with ``use_gpu`` its GPU, default 1 — a
+    fraction such as 0.25 packs four trials on one GPU through Tune's fractional resources);
+    with Train workers, or with several seeds (each a Ray task with its own resources,
+    `seed_task_options`), it only drives them (`DRIVER_RESOURCES`)."""
     cfg = study.base_config()
-    if cfg.scaling.num_workers == 0:
+    if cfg.scaling.num_workers == 0 and len(study.search.seeds) == 1:
         per = cfg.scaling.resources_per_worker
         res = {"cpu": float(per.get("CPU", 1.0))}
         if cfg.scaling.use_gpu:
             res["gpu"] = float(per.get("GPU", 1.0))
-        return res
+        return res | {k: float(v) for k, v in per.items() if k not in ("CPU", "GPU")}
     return dict(DRIVER_RESOURCES)
 
 

@@ -13,6 +13,7 @@ from calibtune.trial._driver import *  # noqa: F403
 from calibtune.trial._placement import (
     TAG_WORKER_NODES,
     check_placement_on_cluster,
+    worker_bundle,
     worker_nodes_tag,
 )
 
@@ -21,6 +22,7 @@ __all__ = [
     "check_placement_on_cluster",
     "load_state",
     "save_state",
+    "worker_bundle",
     "worker_nodes_tag",
 ]
 __all__ += _config.__all__

@@ -1,0 +1,165 @@
+"""``search.max_concurrent: auto`` (issue 29 item 2) and clusters that grow (item 3).
+
+The unit tests need no Ray. The cluster test starts a real one-node cluster the way users do
+(`tests/_cluster.py`, head without the resource a trial needs), then `calibtune run --address`:
+with ``--wait-for-resources`` the study waits with a status line, refuses in one line when the
+wait expires, and trains once a node that holds the trial joins (the cluster grew). Without it
+(no autoscaler) it refuses at once, as before.
+
+Ray's fake autoscaler (``ray.cluster_utils.AutoscalingCluster``) is not used: with ray 2.60.0
+from PyPI its ``start`` reads ``autoscaler/_private/fake_multi_node/example.yaml``, which the
+wheel does not ship, and runs ``ray stop --force``, which would stop every Ray on the machine.
+A node joining during the wait is what an autoscaler does; the autoscaler's own part (its node
+types, `autoscaler_limits`) is checked by `test_an_autoscaler_that_cannot_grow_refuses_at_once`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from calibtune.study import load_study
+from calibtune.study._concurrency import auto_limit, cluster_slots, seed_footprint
+from calibtune.study._config import StudyError, study_from_text
+from calibtune.study._raycluster import trial_demand, wait_for_nodes
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPER_STUDIES = [  # the papers' studies: a year in the name, and FCL's
+    *sorted(p for p in (ROOT / "studies").glob("*.yaml") if "20" in p.stem),
+    ROOT / "studies" / "fcl_cifar10.yaml",
+]
+
+
+def _text(search: str = "", scaling: str = "{num_workers: 0}") -> str:
+    return f"name: s\ntrial: {{scaling: {scaling}}}\nlosses: [cross_entropy]\nsearch: {{{search}}}"
+
+
+def test_auto_is_the_default_and_a_number_still_caps():
+    assert study_from_text(_text(), "s").search.max_concurrent == "auto"
+    assert study_from_text(_text("max_concurrent: auto"), "s").search.max_concurrent == "auto"
+    assert study_from_text(_text("max_concurrent: 3"), "s").search.max_concurrent == 3
+    for bad in ("0", "many", "1.5", "true"):
+        with pytest.raises(StudyError) as e:
+            study_from_text(_text(f"max_concurrent: {bad}"), "s")
+        assert "search.max_concurrent: expected auto or an integer >= 1, got " in str(e.value)
+        assert "\n" not in str(e.value)
+
+
+def test_the_shipped_paper_studies_use_the_whole_cluster():
+    assert len(PAPER_STUDIES) == 9
+    for path in PAPER_STUDIES:
+        s = load_study(path).search
+        assert s.max_concurrent == "auto", path.name
+        assert len(s.seeds) > 1, path.name  # several seeds: they train in parallel
+
+
+def test_slots_count_seeds_and_workers():
+    # Mukhoti's study on 8 GPUs: 1 GPU per seed, 3 seeds a trial -> 8 slots, 3 trials at once
+    # and one queued
+    gpu = study_from_text(_text(scaling="{num_workers: 1, use_gpu: true}"), "s")
+    assert seed_footprint(gpu) == {"CPU": 1.0, "GPU": 1.0}
+    assert cluster_slots({"CPU": 64.0, "GPU": 8.0}, seed_footprint(gpu)) == 8
+    assert auto_limit(8, 3) == 4  # ceil: no slot idles; + 1 queued: none between two trials
+    two = study_from_text(_text(scaling="{num_workers: 2, resources_per_worker: {CPU: 2}}"), "s")
+    assert seed_footprint(two) == {"CPU": 4.0}
+    assert cluster_slots({"CPU": 9.0}, seed_footprint(two)) == 2
+    assert auto_limit(0, 3) == 1  # a cluster without the resource yet: one trial asks for it
+
+
+def test_an_autoscaler_that_cannot_grow_refuses_at_once():
+    study = study_from_text(_text(scaling="{num_workers: 0, use_gpu: true}"), "s")
+    assert trial_demand(study) == [{"CPU": 1.0, "GPU": 1.0}]
+    refusal = ValueError("trial.scaling.use_gpu: expected a visible GPU on the Ray cluster")
+    t0 = time.monotonic()
+    with pytest.raises(ValueError) as e:  # its node types hold CPUs only: no wait
+        wait_for_nodes(study, refusal, 600, {"CPU": 64.0})
+    assert time.monotonic() - t0 < 5
+    assert str(e.value) == f"{refusal}; the cluster's autoscaler cannot add 1 more GPU"
+
+
+def test_bad_wait_duration_is_refused_in_one_line(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "calibtune", "run", "x.yaml", "--wait-for-resources", "soon"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 2
+    assert "--wait-for-resources: expected a duration such as 600, 90s, 10m or 1.5h" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ a cluster that grows
+
+
+def _study(tmp: Path) -> Path:
+    raw = {
+        "name": "grows",
+        "trial": {
+            "data": {"name": "digits"},
+            "model": {"name": "mlp"},
+            "train": {"epochs": 1, "batch_size": 64},
+            "eval": {"posthoc": []},
+            # what only the node that joins later holds (a GPU node, faked by a resource)
+            "scaling": {"num_workers": 0, "resources_per_worker": {"CPU": 1, "trainer_slot": 1}},
+        },
+        "losses": ["cross_entropy"],
+        "search": {"sampler": "grid", "num_samples": 1, "objectives": [{"metric": "val/ece"}]},
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}"},
+        "storage": str(tmp / "studies"),
+    }
+    path = tmp / "grows.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.mark.slow
+def test_a_study_waits_for_the_cluster_to_grow(tmp_path):
+    from _cluster import start_cluster
+
+    cluster = start_cluster(tmp_path, nodes=1, num_cpus=1)
+    path = _study(tmp_path)
+    cmd = [sys.executable, "-m", "calibtune", "run", str(path), "--address", cluster.gcs]
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [*cmd, *extra], env=cluster.client_env(), capture_output=True, text=True, timeout=600
+        )
+
+    try:
+        now = run()  # a fixed cluster: refused at once, as before
+        assert now.returncode == 2, now.stderr[-2000:]
+        assert "waiting for" not in now.stderr
+        assert "trainer_slot" in now.stderr.strip().splitlines()[-1]
+
+        expired = run("--wait-for-resources", "3s")
+        assert expired.returncode == 2, expired.stderr[-2000:]
+        lines = expired.stderr.strip().splitlines()
+        assert "[calibtune] waiting for 1 trainer_slot: 0:00 of 0:03" in lines
+        assert lines[-1].endswith("(waited 0:03 for the cluster to grow)")
+        assert "trainer_slot" in lines[-1]
+
+        proc = subprocess.Popen(
+            [*cmd, "--wait-for-resources", "5m"],
+            env=cluster.client_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        first = proc.stderr.readline()  # the study is waiting: now the cluster grows
+        assert "waiting for 1 trainer_slot" in first, first
+        cluster._start(
+            ["--address", cluster.gcs, "--resources", json.dumps({"trainer_slot": 1})], "rg"
+        )
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (out + err)[-3000:]
+        assert "1 finished, 0 failed" in out
+    finally:
+        cluster.stop()

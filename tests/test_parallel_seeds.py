@@ -1,0 +1,112 @@
+"""Seeds of a trial train at the same time (issue 29 item 1), and ``search.max_concurrent: auto``
+follows the cluster's resources (item 2): a real study on the shared in-process Ray (2 CPUs).
+
+On the previous code the seeds of a trial trained one after another inside the Tune trial and
+Tune saw every seed's epochs in turn (seeds × epochs reports).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+
+from calibtune.study import load_study, run_study
+from calibtune.study._tracking import PARENT, TAG_KIND
+
+pytestmark = pytest.mark.slow
+
+
+def _study(tmp: Path) -> Path:
+    raw = {
+        "name": "parallel_seeds",
+        "trial": {
+            "data": {"name": "digits"},
+            "model": {"name": "mlp"},
+            "optimizer": {"lr": 0.05},
+            "train": {"epochs": 2, "batch_size": 64, "checkpoint_every": 1},
+            "eval": {"posthoc": ["ts"]},
+        },
+        "losses": ["cross_entropy"],
+        "search": {  # max_concurrent: auto by default
+            "sampler": "grid",
+            "num_samples": 1,
+            "seeds": [1, 2],
+            "objectives": [{"metric": "val/ece@ts", "mode": "min"}],
+        },
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "parallel-seeds"},
+        "storage": str(tmp / "studies"),
+    }
+    path = tmp / "parallel_seeds.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory, ray_session):
+    path = _study(tmp_path_factory.mktemp("parallel_seeds"))
+    study = load_study(path)
+    assert study.search.max_concurrent == "auto"
+    outcome = run_study(study, verbose=0)
+    outcome.study = study
+    return outcome
+
+
+def _seed_runs(outcome):
+    client = MlflowClient(outcome.tracking_uri)
+    (trial,) = client.search_runs(
+        [outcome.experiment_id], f"tags.`{PARENT}` = '{outcome.parent_run_id}'"
+    )
+    seeds = client.search_runs([outcome.experiment_id], f"tags.`{PARENT}` = '{trial.info.run_id}'")
+    return client, trial, seeds
+
+
+def test_the_seeds_of_a_trial_train_at_the_same_time(outcome):
+    client, _, seeds = _seed_runs(outcome)
+    assert outcome.counts["finished"] == 1
+    assert sorted(r.data.params["seed"] for r in seeds) == ["1", "2"]
+    assert all(r.data.tags[TAG_KIND] == "seed" and r.info.status == "FINISHED" for r in seeds)
+    # the two seed runs overlap in time: the later start comes before the earlier end
+    assert max(r.info.start_time for r in seeds) < min(r.info.end_time for r in seeds)
+    for r in seeds:  # every epoch logged once per seed run, as before
+        steps = [m.step for m in client.get_metric_history(r.info.run_id, "epoch")]
+        assert sorted(steps) == [1, 2]
+
+
+def test_tune_sees_one_report_per_epoch_the_seed_mean(outcome):
+    _, trial, seeds = _seed_runs(outcome)
+    (result,) = list(outcome.results)
+    df = result.metrics_dataframe
+    per_epoch = df[df["calibtune/done"].isna()] if "calibtune/done" in df else df.iloc[:-1]
+    assert list(per_epoch["epoch"]) == [1.0, 2.0]  # not seeds × epochs
+    histories = [  # each seed's own epochs, as its trial folder saved them
+        json.loads(p.read_text())["history"]
+        for p in sorted(Path(outcome.storage).rglob("result.json"))
+        if "-seed" in p.parent.name
+    ]
+    assert len(histories) == 2
+    for epoch, value in zip(per_epoch["epoch"], per_epoch["val/ece@ts"], strict=True):
+        per_seed = [
+            next(h["val/ece@ts"] for h in hist if h["epoch"] == epoch) for hist in histories
+        ]
+        assert value == pytest.approx(sum(per_seed) / 2)
+    # the trial's own run keeps the aggregate over seeds (objective unchanged)
+    final = [r.data.metrics["test/ece"] for r in seeds]
+    assert trial.data.metrics["test/ece"] == pytest.approx(sum(final) / 2)
+
+
+def test_auto_concurrency_reads_the_cluster(ray_session):
+    import ray
+    from ray.tune.search import Searcher
+
+    from calibtune.study._concurrency import AutoConcurrency, slot_usage
+    from calibtune.study._config import study_from_text
+
+    cpus = int(ray.cluster_resources()["CPU"])  # 2 here
+    limiter = AutoConcurrency(Searcher(), {"CPU": 1.0}, 1)
+    assert limiter.max_concurrent == cpus + 1  # every slot, and one trial queued
+    study = study_from_text("name: s\nlosses: [cross_entropy]\nsearch: {seeds: [1, 2]}", "s")
+    assert slot_usage(study) == (0, cpus)
