@@ -426,12 +426,13 @@ def test_select_metric_is_checked_like_an_objective(metric: str, expected: str) 
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
-def test_a_full_disk_while_saving_tensors_is_an_enospc_oserror() -> None:
+def test_a_full_disk_while_saving_tensors_is_an_enospc_oserror(tmp_path: Path, monkeypatch) -> None:
     """Issue 24.1: PyTorch's zip writer given a path reports a full disk as ``RuntimeError:
     unexpected pos`` (seen in CI: a checkpoint hit the full disk and the trial failed with a
     traceback instead of the study's one disk-full line). Checkpoints and logits go through
     `save_tensors`, which raises the ENOSPC the study recognises."""
     import errno
+    import os
 
     from calibtune.study._diskfull import disk_full_text
     from calibtune.trial._checkpoint import save_tensors
@@ -440,6 +441,16 @@ def test_a_full_disk_while_saving_tensors_is_an_enospc_oserror() -> None:
     with pytest.raises(RuntimeError) as raw:
         torch.save(state, "/dev/full")
     assert not disk_full_text(str(raw.value))  # why the path form is not used
+    target = tmp_path / "state.pt"
+    save_tensors({"w": torch.ones(2)}, target)
+    full = os.open("/dev/full", os.O_WRONLY)
+    real = os.write
+    # the storage owner's atomic writer writes a temp file: here every write hits a full disk
+    monkeypatch.setattr(os, "write", lambda fd, data: real(full, data))
     with pytest.raises(OSError) as exc:
-        save_tensors(state, "/dev/full")
+        save_tensors(state, target)
+    monkeypatch.undo()
+    os.close(full)
     assert exc.value.errno == errno.ENOSPC and disk_full_text(f"{exc.value!r} {exc.value}")
+    assert torch.load(target, weights_only=True)["w"].tolist() == [1.0, 1.0]  # the old one
+    assert [p.name for p in tmp_path.iterdir()] == ["state.pt"]  # no temp file left

@@ -63,6 +63,7 @@ class _AtomicWriter:
         )
         self._pos = 0
         self._fd: int | None = None
+        self._error: OSError | None = None  # the failure every later write repeats
         self._fd = self._guard(
             lambda: os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         )
@@ -73,6 +74,7 @@ class _AtomicWriter:
         except OSError as exc:
             if exc.errno in FULL_ERRNOS:
                 note_full(self.path)
+            self._error = exc
             self._abort()
             raise
 
@@ -103,8 +105,10 @@ class _AtomicWriter:
         view = memoryview(data).cast("B")
         size = len(view)
         while view:
-            if self._fd is None:
-                raise ValueError(f"{self.path}: write to a closed or failed stream")
+            if self._fd is None:  # a writer's clean-up (torch's zip end record) after a failure
+                if self._error is not None:
+                    raise self._error
+                raise ValueError(f"{self.path}: write to a closed stream")
             n = self._guard(lambda fd=self._fd, v=view: os.write(fd, v))
             view = view[n:]
         self._pos += size

@@ -1,25 +1,32 @@
 """What a finished trial leaves in ``<trial>/artifacts/``: its config, metrics, history, tables
-for the figures, cached logits and the figures themselves (rendered from these files)."""
+for the figures, cached logits and the figures themselves (rendered from these files).
+
+The folder belongs to the storage owner (`calibtune.storage`): on a disk the files are written
+in place; for a bucket they are written to a local cache folder (matplotlib and MLflow's
+``log_artifacts`` take local files) and then uploaded, each file one complete object."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from calibtune.storage import Storage, open_storage
 from calibtune.trial._checkpoint import save_tensors
 from calibtune.trial._config import TrialConfig, save_config
 
 # Lazy: `calibtune.plots` (matplotlib: about a quarter of importing `calibtune.trial` again, by
 # `python -X importtime`) only when `eval.figures` asks for figures, not in every Ray worker.
 
-__all__ = ["jsonable", "scalars", "write_artifacts"]
+__all__ = ["jsonable", "local_stage", "scalars", "write_artifacts"]
 
 
 def jsonable(x: Any) -> Any:
@@ -44,8 +51,28 @@ def scalars(metrics: Mapping[str, Any]) -> dict[str, float]:
     return {k: v for k, v in metrics.items() if isinstance(v, int | float)}
 
 
+@contextlib.contextmanager
+def local_stage(where: str | os.PathLike[str] | Storage) -> Iterator[Path]:
+    """A local folder standing for ``where``: the folder itself on a disk; for a bucket, a cache
+    folder (``$XDG_CACHE_HOME/calibtune/stage/…``) whose files are uploaded to ``where`` when the
+    block ends without an error (each one a complete object: `Storage.write_bytes`)."""
+    target = open_storage(where)
+    if target.is_local:
+        local = target.local_path()
+        local.mkdir(parents=True, exist_ok=True)
+        yield local
+        return
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    local = base / "calibtune" / "stage" / target.scheme / target.path
+    shutil.rmtree(local, ignore_errors=True)
+    local.mkdir(parents=True)
+    yield local
+    for f in sorted(p for p in local.rglob("*") if p.is_file()):
+        target.join(f.relative_to(local).as_posix()).write_bytes(f.read_bytes())
+
+
 def write_artifacts(
-    art: Path,
+    art: str | os.PathLike[str] | Storage,
     *,
     cfg: TrialConfig,
     final: Any,
@@ -53,10 +80,26 @@ def write_artifacts(
     gamma_history: list[Any],
     logits: dict[str, torch.Tensor],
     figures: bool = True,
-) -> None:
+) -> Path:
     """Write every artifact file, then (``eval.figures`` and ``figures``) the figures made from
     them; ``figures=False`` when a callback has them rendered elsewhere (a study's driver:
-    `calibtune.study._tracking.render_deferred_figures`)."""
+    `calibtune.study._tracking.render_deferred_figures`). Returns the local folder holding
+    them (`local_stage`: the folder itself, or the cache copy of a bucket's) for callbacks
+    that read local files (MLflow)."""
+    with local_stage(art) as local:
+        _write(local, cfg, final, history, gamma_history, logits, figures)
+    return local
+
+
+def _write(
+    art: Path,
+    cfg: TrialConfig,
+    final: Any,
+    history: list[dict[str, Any]],
+    gamma_history: list[Any],
+    logits: dict[str, torch.Tensor],
+    figures: bool,
+) -> None:
     from calibtune.plots import save_trial_figures
 
     shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them

@@ -5,19 +5,23 @@ them): model and optimiser state, the adaptive loss's state (AdaFocal γ, edges 
 each rank's torch and Python RNG states and its trial device's CUDA RNG state, the number of
 completed epochs and the per-epoch reports. The learning-rate schedule is a pure function of
 the epoch (see `calibtune.training.lr_schedule`), so the epoch is its whole state.
+
+Every read and write goes through the storage owner (`calibtune.storage`), so a trial folder
+may be a local path or a bucket (``s3://…``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
-import shutil
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from calibtune.storage import Storage, open_storage
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -67,7 +71,7 @@ def _tuplify(x: Any) -> Any:
 
 
 def save_state(
-    directory: str | os.PathLike[str],
+    directory: str | os.PathLike[str] | Storage,
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -76,13 +80,12 @@ def save_state(
     history: list[dict[str, Any]],
     rngs: list[dict[str, Any]] | None = None,
     scaler: dict[str, Any] | None = None,
-) -> Path:
-    """Write ``directory/state.pt`` atomically (temp file + rename) and return its path.
+) -> Storage:
+    """Write ``directory/state.pt`` atomically through the storage owner (temp file, fsync and
+    rename on a disk; one complete upload to a bucket) and return where it is.
 
     ``rngs``: every rank's RNG state (rank order), so that each rank of a restarted
     multi-worker trial restores its own; default: this process's only."""
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
     state = {
         "format": FORMAT_VERSION,
         "epoch": epoch,
@@ -94,32 +97,32 @@ def save_state(
         "history": history,
         "scaler": dict(scaler or {}),  # fp16's GradScaler (`calibtune.training.Precision`)
     }
-    tmp = d / (CHECKPOINT_FILE + ".tmp")
-    save_tensors(state, tmp)
-    os.replace(tmp, d / CHECKPOINT_FILE)
-    return d / CHECKPOINT_FILE
+    path = open_storage(directory) / CHECKPOINT_FILE
+    save_tensors(state, path)
+    return path
 
 
-def save_tensors(obj: Any, path: str | os.PathLike[str]) -> None:
-    """``torch.save(obj, path)`` through a Python file object.
+def save_tensors(obj: Any, path: str | os.PathLike[str] | Storage) -> None:
+    """``torch.save(obj, path)`` through a file object of the storage owner, atomically.
 
     Given a path, PyTorch's zip writer reports a full disk as ``RuntimeError: … unexpected pos``;
     through a file object the write raises ``OSError(ENOSPC)``, which the study recognises as a
     full disk (one line, resumable) instead of a failed trial."""
-    with open(path, "wb") as f:
+    with open_storage(path).open_output() as f:
         torch.save(obj, f)
 
 
-def load_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
+def load_state(directory: str | os.PathLike[str] | Storage) -> dict[str, Any]:
     """Read a checkpoint written by `save_state` with the safe (weights-only) unpickler.
 
     Every tensor is mapped to the CPU: a checkpoint written on a GPU resumes on a CPU-only
     machine, and ``load_state_dict`` copies each tensor to its module's (or, for the optimiser
     state, its parameter's) device, so a CPU-written one resumes on a GPU."""
-    path = Path(directory) / CHECKPOINT_FILE
+    path = open_storage(directory) / CHECKPOINT_FILE
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint: expected {path} to exist")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    with path.open_input() as f:
+        state = torch.load(f, map_location="cpu", weights_only=True)
     if state.get("format") != FORMAT_VERSION:
         raise ValueError(
             f"checkpoint {path}: expected format {FORMAT_VERSION}, got {state.get('format')!r}"
@@ -127,33 +130,34 @@ def load_state(directory: str | os.PathLike[str]) -> dict[str, Any]:
     return state
 
 
-def latest_local_checkpoint(checkpoint_root: str | os.PathLike[str]) -> Path | None:
-    """The ``epoch_NNNNNN`` directory with the highest epoch holding a complete ``state.pt``."""
-    root = Path(checkpoint_root)
-    if not root.is_dir():
-        return None
-    found = [
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := _EPOCH_DIR.match(p.name)) and (p / CHECKPOINT_FILE).is_file()
-    ]
-    return max(found)[1] if found else None
+def _epoch_dirs(root: Storage) -> list[tuple[int, Storage]]:
+    return sorted(
+        (int(m.group(1)), root / name) for name in root.listdir() if (m := _EPOCH_DIR.match(name))
+    )
 
 
-def epoch_dir(checkpoint_root: str | os.PathLike[str], epoch: int) -> Path:
-    return Path(checkpoint_root) / f"epoch_{epoch:06d}"
+def latest_local_checkpoint(checkpoint_root: str | os.PathLike[str] | Storage) -> Storage | None:
+    """The ``epoch_NNNNNN`` folder with the highest epoch holding a complete ``state.pt``."""
+    found = [d for _, d in _epoch_dirs(open_storage(checkpoint_root))]
+    return next((d for d in reversed(found) if (d / CHECKPOINT_FILE).is_file()), None)
+
+
+def epoch_dir(checkpoint_root: str | os.PathLike[str] | Storage, epoch: int) -> Storage:
+    return open_storage(checkpoint_root) / f"epoch_{epoch:06d}"
 
 
 def prune_local_checkpoints(
-    checkpoint_root: str | os.PathLike[str], keep: int, keep_epochs: set[int] | None = None
+    checkpoint_root: str | os.PathLike[str] | Storage,
+    keep: int,
+    keep_epochs: set[int] | None = None,
 ) -> None:
     """Remove all but the ``keep`` latest ``epoch_NNNNNN`` folders, or, with ``keep_epochs``,
     all but those epochs' (`calibtune.trial._select.keep_local`)."""
-    root = Path(checkpoint_root)
-    dirs = sorted(p for p in root.iterdir() if _EPOCH_DIR.match(p.name)) if root.is_dir() else []
+    dirs = _epoch_dirs(open_storage(checkpoint_root))
     if keep_epochs is not None:
-        drop = [p for p in dirs if int(p.name.split("_")[1]) not in keep_epochs]
+        drop = [d for e, d in dirs if e not in keep_epochs]
     else:
-        drop = dirs[:-keep]
-    for p in drop:
-        shutil.rmtree(p, ignore_errors=True)
+        drop = [d for _, d in dirs[:-keep]]
+    for d in drop:
+        with contextlib.suppress(OSError):
+            d.delete()

@@ -34,10 +34,11 @@ import torch
 
 from calibtune import data as D
 from calibtune._io import atomic_write
-from calibtune._names import check_name, safe_join
+from calibtune._names import check_name
 from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.data import DatasetNotFoundError
 from calibtune.metrics import keys as K
+from calibtune.storage import Storage, StorageError, open_storage
 from calibtune.training import NonFiniteLossError
 from calibtune.trial._artifacts import jsonable
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
@@ -92,7 +93,7 @@ class TrialResult:
     config: TrialConfig
     metrics: dict[str, float]
     history: list[dict[str, Any]]
-    trial_dir: Path
+    trial_dir: Storage
     artifacts_dir: Path
     epochs_completed: int
     resumed_from_epoch: int = 0
@@ -148,13 +149,17 @@ def check_resources(
         )
 
 
-def _absolute(cfg: TrialConfig, storage_path: str | None) -> tuple[TrialConfig, Path]:
-    # relative paths would resolve inside Ray's per-worker temp dirs
-    storage = Path(storage_path or cfg.storage_path).expanduser().resolve()
+def _absolute(cfg: TrialConfig, storage_path: str | None) -> tuple[TrialConfig, Storage]:
+    # relative paths would resolve inside Ray's per-worker temp dirs; a URI stays one
+    key = "storage_path"
+    try:
+        storage = open_storage(storage_path or cfg.storage_path, key)
+    except StorageError as exc:
+        raise ValueError(str(exc)) from None
     data = cfg.data
     if data.root is not None:
         data = dataclasses.replace(data, root=str(Path(data.root).expanduser().resolve()))
-    return cfg.replace(storage_path=str(storage), data=data), storage
+    return cfg.replace(storage_path=storage.uri, data=data), storage
 
 
 def run(
@@ -180,7 +185,7 @@ def run(
     if name is not None:
         cfg = cfg.replace(name=name)
     cfg, storage = _absolute(cfg, None if storage_path is None else os.fspath(storage_path))
-    trial_dir = safe_join(storage, check_name(cfg.name, "name"))  # never outside storage
+    trial_dir = storage / check_name(cfg.name, "name")  # never outside storage
     local = cfg.scaling.num_workers == 0
 
     from ray.tune.trainable.trainable_fn_utils import _in_tune_session
@@ -234,7 +239,7 @@ def _save_result(result: TrialResult) -> None:
     atomic_write(result.trial_dir / RESULT_FILE, json.dumps(jsonable(payload)))
 
 
-def finished_result(cfg: TrialConfig, trial_dir: Path) -> TrialResult | None:
+def finished_result(cfg: TrialConfig, trial_dir: Storage) -> TrialResult | None:
     """The saved result of this exact config in ``trial_dir``, if it finished there."""
     path = trial_dir / RESULT_FILE
     if not path.is_file():
@@ -264,7 +269,7 @@ def saved_result(
     """The saved result of trial ``name`` under ``storage_path`` if it finished with ``cfg``
     (names aside), else None: a study's trial reuses it instead of training the same again."""
     twin, storage = _absolute(cfg.replace(name=name), os.fspath(storage_path))
-    return finished_result(twin, safe_join(storage, check_name(name, "name")))
+    return finished_result(twin, storage / check_name(name, "name"))
 
 
 # Ray Train's local mode logs "Running in local mode" and every report's full metrics at INFO
@@ -286,8 +291,8 @@ def _quiet_local_mode(local: bool) -> Iterator[None]:
 
 def _run(
     cfg: TrialConfig,
-    storage: Path,
-    trial_dir: Path,
+    storage: Storage,
+    trial_dir: Storage,
     local: bool,
     in_tune: bool,
     run_callbacks: list[Any],
@@ -326,7 +331,7 @@ def _run(
     )
 
 
-def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list[Any]) -> Any:
+def _trainer(cfg: TrialConfig, storage: Storage, payload: dict, run_callbacks: list[Any]) -> Any:
     """Ray Train's `TorchTrainer` for the trial (gloo on CPU, nccl with GPUs)."""
     import ray.train
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -339,9 +344,12 @@ def _trainer(cfg: TrialConfig, storage: Path, payload: dict, run_callbacks: list
         resources_per_worker=(dict(cfg.scaling.resources_per_worker) or None) if workers else None,
         placement_strategy=cfg.scaling.placement_strategy,
     )
+    # Ray's own local file system for a disk (as before); the owner's for a bucket
+    path, fs = (str(storage.local_path()), None) if storage.is_local else storage.ray_args()
     run_config = ray.train.RunConfig(
         name=cfg.name,
-        storage_path=str(storage),
+        storage_path=path,
+        storage_filesystem=fs,
         failure_config=ray.train.FailureConfig(max_failures=cfg.scaling.max_failures),
         checkpoint_config=_checkpoint_config(cfg),
         callbacks=run_callbacks or None,
@@ -423,7 +431,7 @@ def _diff(old: Any, new: Any, path: str = "") -> str | None:
     return None if old == new else f"{path}: {old!r} then, {new!r} now"
 
 
-def check_same_trial(cfg: TrialConfig, trial_dir: Path) -> None:
+def check_same_trial(cfg: TrialConfig, trial_dir: Storage) -> None:
     """Refuse to resume a trial folder whose checkpoints came from a different config."""
     marker = trial_dir / IDENTITY_FILE
     ident = _identity(cfg)

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from calibtune._io import atomic_write
+
 # Lazy: Ray only in the functions that ask a running cluster, so that `import calibtune.trial`
 # does not load Ray.
 
@@ -144,12 +146,9 @@ def gather_ranks(rank: int, world: int) -> list[dict[str, Any]]:
 
 def write_workers(artifacts: Path, ranks: Sequence[Mapping[str, Any]], start_epoch: int) -> Path:
     """Write ``workers.json`` (atomically: a reader never sees half a file)."""
-    artifacts.mkdir(parents=True, exist_ok=True)
-    path = artifacts / WORKERS_FILE
-    tmp = path.with_suffix(".tmp")
+    path = artifacts / WORKERS_FILE  # a folder of the storage owner: a disk or a bucket
     record = {"started_at": time.time(), "start_epoch": start_epoch, "ranks": list(ranks)}
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(path)
+    atomic_write(path, json.dumps(record, indent=1))
     return path
 
 

@@ -43,6 +43,7 @@ from calibtune.data import load_splits
 from calibtune.losses import compile_loss
 from calibtune.metrics import keys as K
 from calibtune.models import build_model
+from calibtune.storage import open_storage
 from calibtune.training import (
     DeviceBatches,
     LoopSpec,
@@ -124,7 +125,7 @@ def _train(cfg: TrialConfig, payload: dict[str, Any]) -> dict[str, Any] | None:
     except Exception as exc:
         rank = t.rank if t is not None else 0
         callbacks = t.callbacks if t is not None and rank == 0 else []
-        err = failure(exc, progress, Path(payload["trial_dir"]), rank, callbacks)
+        err = failure(exc, progress, open_storage(payload["trial_dir"]), rank, callbacks)
         if err is exc:
             raise
         raise err from exc
@@ -239,7 +240,7 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
     model = ray.train.torch.prepare_model(net) if world > 1 else net
     return _Trial(
         cfg,
-        Path(payload["trial_dir"]),
+        open_storage(payload["trial_dir"]),  # a disk or a bucket (`calibtune.storage`)
         list(payload["callbacks"]),
         via_tune,
         rank,
@@ -530,9 +531,8 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         bootstrap=cfg.eval.bootstrap,
     )
     final.metrics.update(selected)
-    art = t.trial_dir / "artifacts"
-    write_artifacts(
-        art,
+    art = write_artifacts(  # the local folder of the files (a cache copy of a bucket's)
+        t.trial_dir / "artifacts",
         cfg=cfg,
         final=final,
         history=t.history,
