@@ -25,6 +25,7 @@ GROUPS = {
             "tests/test_placement.py",
             "tests/test_preemption.py",
             "tests/test_results_studies.py",
+            "tests/test_scale.py",
             "tests/test_study_e2e.py",
             "tests/test_study_rounds.py",
             "tests/test_trial_workers.py",

@@ -236,6 +236,97 @@ def test_study_trials_span_two_nodes_and_survive_a_worker_sigkill(
     )
 
 
+# Ray's GCS API for a node's preemption notice (what `ray drain-node` and the autoscaler send),
+# run as a client of the cluster: prints the drained node's id
+_DRAIN = """
+import sys, time, ray
+from ray.core.generated import autoscaler_pb2, gcs_pb2
+gcs = ray._raylet.GcsClient(address=sys.argv[1])
+for node_id, info in gcs.get_all_node_info().items():
+    if info.state == gcs_pb2.GcsNodeInfo.ALIVE and sys.argv[2] in info.raylet_socket_name:
+        reason = autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION")
+        deadline_ms = int(time.time() * 1000) + 30_000
+        ok, why = gcs.drain_node(node_id.hex(), reason, "spot preemption (test)", deadline_ms)
+        assert ok, why
+        print(node_id.hex())
+"""
+
+
+def _placed(tmp: Path, study: str, proc: subprocess.Popen) -> dict[str, str]:
+    """``{trial id: node id of its rank 0}`` once both trials of ``study`` logged epoch 2."""
+    deadline, seen = time.time() + 420, "nothing"
+    while time.time() < deadline:
+        assert proc.poll() is None, _log(tmp)
+        try:
+            client, _, trials = _runs(tmp)
+            if len(trials) == 2 and all(2 in _steps(client, t.info.run_id) for t in trials):
+                return {
+                    t.data.tags["calibtune.trial_id"]: _workers(tmp, study, t)["ranks"][0][
+                        "node_id"
+                    ]
+                    for t in trials
+                }
+        except Exception as exc:  # the store is created (and busy) while the study starts
+            seen = repr(exc)
+        time.sleep(0.2)
+    raise AssertionError(f"no two trials at epoch 2 in 420 s ({seen}):\n{_log(tmp)}")
+
+
+@pytest.mark.timeout(900)  # a bound: 10 min measured at load 20 on the shared 2-core machine
+def test_preempted_node_killed_mid_trial_retried_on_the_other(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two trials at once, one per node (each one Train worker on a whole node's 2 CPUs). The
+    second node gets Ray's preemption notice (GCS ``DrainNode``, reason PREEMPTION) and then its
+    raylet is SIGKILLed mid-trial: the trial that ran there is retried by Tune (the default
+    ``search.max_failures``) from its checkpoint on the head and counts once — one MLflow run,
+    every epoch once, COMPLETE in Optuna (no FAIL), its ``calibtune.node_id`` naming the head —
+    and the study exits 0. The lost node is replaced at the end, for the test after this one."""
+    import optuna
+
+    scaling = {"num_workers": 1, "resources_per_worker": {"CPU": 2}}
+    study = _study(tmp_path, "preempt", epochs=6, scaling=scaling, batch=8)
+    raw = yaml.safe_load(study.read_text())
+    raw["space"] = {"eval.log_adaptive_bins": {"type": "categorical", "choices": [False, True]}}
+    raw["search"] |= {"sampler": "grid", "max_concurrent": 2}
+    study.write_text(yaml.safe_dump(raw, sort_keys=False))
+    proc = _run(cluster, tmp_path, study)
+    placed = _placed(tmp_path, "preempt", proc)
+    node = cluster.nodes[1]
+    drained = subprocess.run(
+        [sys.executable, "-c", _DRAIN, cluster.gcs, node.temp_dir],
+        env=cluster.client_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    lost = drained.stdout.split()[-1]
+    (victim,) = [t for t, n in placed.items() if n == lost]  # one trial per node
+    os.kill(node.raylet_pid(), signal.SIGKILL)
+    assert _wait(proc, tmp_path, timeout=600) == 0, _log(tmp_path)
+
+    client, parent, trials = _runs(tmp_path)
+    _check_study(parent, trials, 2)  # two runs, both finished, none failed
+    (run,) = [t for t in trials if t.data.tags["calibtune.trial_id"] == victim]
+    assert run.data.tags["calibtune.node_id"] != lost  # where it finished
+    after = _workers(tmp_path, "preempt", run)
+    assert after["ranks"][0]["node_id"] != lost and after["start_epoch"] >= 1
+    assert _epochs_once(client, trials, 6) == ""
+    assert f"trial {victim} " in _log(tmp_path) and "retried from its last checkpoint" in _log(
+        tmp_path
+    )
+    db = f"sqlite:///{tmp_path / 'studies' / 'preempt' / 'optuna.db'}"
+    ot = optuna.load_study(study_name="preempt", storage=db)
+    assert sorted(t.state.name for t in ot.trials) == ["COMPLETE", "COMPLETE"]
+
+    cluster.nodes.remove(node)  # a fresh second node for the next test
+    node.stop()
+    fresh = cluster.add_node(expect=2)
+    cluster.nodes.remove(fresh)
+    cluster.nodes.insert(1, fresh)
+
+
 @pytest.mark.timeout(600)  # a bound: 1.5-3 min measured on the shared 2-core machine
 def test_second_nodes_raylet_killed_mid_trial_then_resume(cluster: Cluster, tmp_path: Path) -> None:
     """SIGKILL the second node's raylet during epoch 4 of a trial whose ranks run on both nodes

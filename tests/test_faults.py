@@ -154,11 +154,14 @@ def _assert_nothing_lost(uri: str, exp: str, trials: int, epochs: int) -> list:
 
 
 def _tune_state_trials(sdir: Path) -> list[str]:
-    """Trial ids in the newest Ray Tune experiment state saved in the study folder (by its
-    session's timestamp, as Tune picks it: every save rewrites the older sessions' files too)."""
+    """Trial ids a resume of the study folder finds: the newest Ray Tune experiment state saved
+    there (by its session's timestamp, as Tune picks it: every save rewrites the older sessions'
+    files too) and the record of trial starts since (`calibtune.study._scheduling.STARTS`)."""
     newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.name)
     trials = json.loads(newest.read_text())["trial_data"]
-    return [json.loads(state)["trial_id"] for state, _ in trials]
+    saved = [json.loads(state)["trial_id"] for state, _ in trials]
+    started = [p.stem for p in sdir.glob("trial_starts/*.json")]
+    return saved + sorted(set(started) - set(saved))
 
 
 def _compare_rows(tmp: Path, sdir: Path) -> list[str]:
@@ -196,7 +199,7 @@ def test_driver_sigkill_then_resume_loses_nothing(tmp_path, point, every, epochs
     sdir = tmp_path / "studies" / name
     done_before = {p: p.stat().st_mtime_ns for p in sdir.glob("trials/*/result.json")}
     assert len(done_before) == skip
-    assert len(_tune_state_trials(sdir)) == samples  # the paused trial is in Tune's saved state
+    assert len(_tune_state_trials(sdir)) == samples  # the paused trial: a resume finds it
     _kill_group(proc)
 
     res = _cli(tmp_path, "resume", str(sdir), "--quiet")
@@ -399,7 +402,7 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
     [
         ("trial_start", False),  # the trial's own writes hit ENOSPC (its marker, checkpoints)
         ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk
-        ("before_start_save", False),  # Tune's forced state save before trial 2 starts hits it
+        ("before_start_save", False),  # the start record of trial 2, before it starts, hits it
     ],
 )
 def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, point, mlflow_on_it):

@@ -43,25 +43,24 @@ def objective_curves(
     """``{Tune trial id: curve of metric}`` for the child runs of ``parent_run_id`` among
     ``trial_ids`` (a trial without a run or without the metric is absent). A trial trained on
     several seeds logs its epochs in its seed runs: its curve is their mean, per epoch that
-    every seed reached (`mean_curve`)."""
+    every seed reached (`mean_curve`). Only those trials' runs are read (one search per trial
+    and per trial's seeds): the driver calls this for the trials that just ended, at a cost
+    that does not grow with the runs the study already has."""
     from calibtune.study._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
 
-    wanted = set(trial_ids)
-    if not wanted:
-        return {}
-    runs = [r for r in find_runs(uri, exp_id, f"tags.`{PARENT}` = '{parent_run_id}'")
-            if r.data.tags.get(TAG_TRIAL) in wanted]  # fmt: skip
-    seeds: dict[str, list[str]] = {}  # trial run id -> its seed runs' ids
-    if runs:
-        for r in find_runs(uri, exp_id, f"tags.`{TAG_KIND}` = 'seed'"):
-            seeds.setdefault(r.data.tags.get(PARENT, ""), []).append(r.info.run_id)
     client, name = _client(uri), K.to_mlflow(metric)
     out: dict[str, dict[int, float]] = {}
-    for run in runs:
-        ids = seeds.get(run.info.run_id) or [run.info.run_id]
-        values = mean_curve([curve(client.get_metric_history(i, name)) for i in ids])
-        if values:
-            out[run.data.tags[TAG_TRIAL]] = values
+    for trial_id in dict.fromkeys(trial_ids):
+        query = f"tags.`{PARENT}` = '{parent_run_id}' and tags.`{TAG_TRIAL}` = '{trial_id}'"
+        runs = [r for r in find_runs(uri, exp_id, query) if r.data.tags.get(TAG_KIND) != "seed"]
+        for run in runs[:1]:
+            seeds = find_runs(
+                uri, exp_id, f"tags.`{TAG_KIND}` = 'seed' and tags.`{PARENT}` = '{run.info.run_id}'"
+            )
+            ids = [r.info.run_id for r in seeds] or [run.info.run_id]
+            values = mean_curve([curve(client.get_metric_history(i, name)) for i in ids])
+            if values:
+                out[trial_id] = values
     return out
 
 

@@ -218,7 +218,7 @@ def record_trial(
     `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads.
     ``curve``: the first objective per epoch, the trial's intermediate values
     (`calibtune.study._curves`)."""
-    if any(t.user_attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id for t in ot_study.trials):
+    if tune_trial_id in recorded_ids(ot_study):
         return False
     dists = distributions(study)
     params = {k: v for k, v in flat_params(config).items() if k in dists}
@@ -226,7 +226,8 @@ def record_trial(
     system_attrs: dict[str, Any] = {}
     cons = study.search.constraints
     if cons and state == "COMPLETE" and result is not None:
-        metrics, named = constraint_values(cons, params.get("loss"), result, ot_study.trials)
+        done = ot_study.get_trials(deepcopy=False)  # (constrained studies: bounds from all)
+        metrics, named = constraint_values(cons, params.get("loss"), result, done)
         user_attrs[METRICS_ATTR] = metrics
         system_attrs = {f"constraints:{k}": v for k, v in named.items()}
     trial = optuna.trial.create_trial(
@@ -239,7 +240,44 @@ def record_trial(
         system_attrs=system_attrs,
     )
     ot_study.add_trial(trial)
+    recorded_ids(ot_study).add(tune_trial_id)
     return True
+
+
+def recorded_ids(ot_study: Any) -> set[str]:
+    """The Tune trial ids (`TUNE_TRIAL_ATTR`) of ``ot_study``'s trials: read from its storage
+    once per storage object, then kept up to date by `record_trial` (the driver, which holds
+    the study's lock, is the study's only writer), so that recording a trial does not read back
+    every trial of the study. The set lives on the storage object: a storage opened anew (a
+    study folder replaced: `calibtune.study._summary.rdb_storage`) reads its own."""
+    storage = getattr(ot_study._storage, "_backend", ot_study._storage)  # Optuna's cache wrapper
+    cache = storage.__dict__.setdefault("_calibtune_recorded", {})
+    if ot_study._study_id not in cache:
+        trials = ot_study.get_trials(deepcopy=False)
+        cache[ot_study._study_id] = {t.user_attrs.get(TUNE_TRIAL_ATTR) for t in trials} - {None}
+    return cache[ot_study._study_id]
+
+
+def register_running(searcher: Any, tune_trial_id: str, config: dict[str, Any]) -> None:
+    """Add a running trial with ``config``'s parameters to the in-memory study of Ray's
+    `OptunaSearch` ``searcher`` under ``tune_trial_id``, as its ``suggest`` would have: a trial
+    that started after the searcher's state was last saved, added back on resume
+    (`calibtune.study._scheduling.replay`), so that its results and its end are told to the
+    sampler like any other's."""
+    space = searcher._space  # `DefineByRun`
+    dists: dict[str, BaseDistribution] = {"loss": CategoricalDistribution(space.labels)}
+    for label, items in space.loss_dists.items():
+        dists.update({f"{label}/{n}": d for n, d in items})
+    dists.update({f"trial/{k}": d for k, d in space.trial_dists})
+    params = {k: v for k, v in flat_params(config).items() if k in dists}
+    study = searcher._ot_study
+    template = optuna.trial.create_trial(
+        params=params,
+        distributions={k: dists[k] for k in params},
+        state=optuna.trial.TrialState.RUNNING,
+    )
+    number = study._storage.create_new_trial(study._study_id, template_trial=template)
+    searcher._ot_trials[tune_trial_id] = optuna.trial.Trial(study, number)
 
 
 def ended_state(

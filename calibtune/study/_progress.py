@@ -116,6 +116,7 @@ class FigureThrottle:
 
 _WORKERS: dict[str, SummaryWorker] = {}  # parent run id -> its study's worker (driver process)
 _THROTTLES: dict[str, FigureThrottle] = {}  # parent run id -> when its study figures are due
+_TABLES: dict[str, FigureThrottle] = {}  # parent run id -> when its tables are due
 _FIGURES: dict[str, Callable[[], None]] = {}  # study name -> render its trials' deferred figures
 _GUARD: dict[str, str] = {}  # storage folder -> why the storage guard stopped the study
 
@@ -128,6 +129,15 @@ def _worker(parent_run_id: str, refresh: Callable[[list[Ended]], None]) -> Summa
 
 def _throttle(parent_run_id: str) -> FigureThrottle:
     return _THROTTLES.setdefault(parent_run_id, FigureThrottle())  # (see `_worker`)
+
+
+def _tables(parent_run_id: str) -> FigureThrottle:
+    """When a refresh rewrites the parent run's tables, best trial and feasibility tags, which
+    read every trial run of the study: at most every ``max(5 s, 10 × took)`` (a 1,000-trial
+    study's reads take seconds; per trial, the cost would grow with the trials already run,
+    issue 29). The trials that ended are recorded at every refresh (Optuna, learning curves:
+    only their own runs are read); the end of `run`/`resume` rewrites everything."""
+    return _TABLES.setdefault(parent_run_id, FigureThrottle(min_wait_s=5.0))  # (see `_worker`)
 
 
 def _register_figures(study_name: str, render: Callable[[], None]) -> None:
@@ -144,6 +154,7 @@ def drain_summaries() -> None:
     while _WORKERS:
         _WORKERS.popitem()[1].drain()
     _THROTTLES.clear()  # the final refresh (after this) redraws in any case
+    _TABLES.clear()
     while _FIGURES:
         _FIGURES.popitem()[1]()
 
@@ -230,13 +241,21 @@ def _refresher(
     def refresh(batch: list[Ended]) -> None:
         figures()
         ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
-        throttle = _throttle(payload.parent_run_id)
-        draw, t0 = throttle.due(), time.monotonic()
-        warning = refresh_summary(study, *ids, optuna_storage, ended=batch, figures=draw)
-        if draw and warning is None:  # else the next refresh tries to draw again
-            throttle.drawn(time.monotonic() - t0)
+        throttle, tables = _throttle(payload.parent_run_id), _tables(payload.parent_run_id)
+        write = tables.due()
+        draw, t0 = write and throttle.due(), time.monotonic()
+        warning = refresh_summary(
+            study, *ids, optuna_storage, ended=batch, figures=draw, tables=write
+        )
+        if warning is None:  # else the next refresh tries again
+            if write:
+                tables.drawn(time.monotonic() - t0)
+            if draw:
+                throttle.drawn(time.monotonic() - t0)
         if warning:
             print(warning, flush=True)
+        if not write:
+            return
         try:
             mark_feasibility(study.search.constraints, *ids)  # relative bounds moved
         except Exception as exc:  # a store briefly unavailable: the next refresh redoes it

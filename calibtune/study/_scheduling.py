@@ -34,6 +34,7 @@ from calibtune.study._diskfull import StorageFullError, storage_full
 # Tune's pickled tuner state, so its classes live at module level.
 
 __all__ = [
+    "STARTS",
     "DurableASHAScheduler",
     "DurableFIFOScheduler",
     "DurableStarts",
@@ -105,7 +106,7 @@ def last_error(trial: Any) -> BaseException | str | None:
 
 
 def error_line(error: BaseException | str | None) -> str:
-    """One line of a trial's error for the progress output.
+    r"""One line of a trial's error for the progress output.
 
     >>> error_line("Failure # 1\nTraceback ...\nray.exceptions.ActorDiedError: The actor died")
     'ray.exceptions.ActorDiedError: The actor died'
@@ -117,11 +118,21 @@ def error_line(error: BaseException | str | None) -> str:
 
 
 class DurableStarts:
-    """Mixin for a Tune ``TrialScheduler``: `choose_trial_to_run` first saves Tune's experiment
-    state (``checkpoint(force=True, wait=True)``) whenever the controller holds a trial no save
-    has seen yet (Tune only appends to its trial list, so its length says so)."""
+    """Mixin for a Tune ``TrialScheduler``: no trial starts before a resume could find it, at a
+    cost per start that does not grow with the study (issue 29).
 
-    _saved_trials = 0  # trials in the controller at the last forced save (0 after a restore)
+    `choose_trial_to_run` (Tune starts a trial only after it, in the same step) first writes
+    each trial the controller holds that no record has seen yet to `STARTS`
+    (``<trial id>.json``: Tune's own JSON state of the trial, a few kB, atomically) — an
+    append-only record, where Tune's experiment state (every trial, the searcher's whole
+    study) would be rewritten at every start. Tune's full save is forced once per session, at
+    its first start (a study killed before Tune's first periodic save must have a state to
+    resume from). After a restore, the first call adds back every recorded trial that the
+    restored state lacks (started after Tune's last save), under its own id and config: it
+    continues its MLflow run and checkpoints (`replay`)."""
+
+    _saved_trials = 0  # trials in the controller at the last record (0 after a restore)
+    _recorded: set[str] | None = None  # trial ids with a start record (None: not read yet)
     _doomed: dict[str, Any] | None = None  # requeued trials whose error was their own
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
@@ -133,10 +144,9 @@ class DurableStarts:
                 self._doomed = {**(self._doomed or {}), trial.trial_id: error}
         super().on_trial_error(tune_controller, trial)  # type: ignore[misc]
 
-    def _fail_own_errors(self, tune_controller: Any) -> None:
+    def _fail_own_errors(self, controller: Any) -> None:
         """End the requeued trials whose error was their own before anything starts them: as
         Tune ends a trial out of retries (the searcher, the scheduler, the callbacks told)."""
-        controller = getattr(tune_controller, "_tune_controller", tune_controller)
         doomed, self._doomed = self._doomed or {}, None
         for trial in controller.get_trials():
             if trial.trial_id in doomed and trial.status == "PENDING":
@@ -145,20 +155,98 @@ class DurableStarts:
                 controller._process_trial_failure(trial, exception=exc)
 
     def choose_trial_to_run(self, tune_controller: Any) -> Any:
+        # The scheduler only gets a facade of the controller; saving is not on its list.
+        controller = getattr(tune_controller, "_tune_controller", tune_controller)
         if self._doomed:
-            self._fail_own_errors(tune_controller)
-        known = len(tune_controller.get_trials())
-        if known > self._saved_trials:
-            # The scheduler only gets a facade of the controller; saving is not on its list.
-            controller = getattr(tune_controller, "_tune_controller", tune_controller)
-            failpoint("before_start_save")
+            self._fail_own_errors(controller)
+        if self._recorded is None:  # the session's first call: after a restore, or the first
+            self._recorded = replay(controller, starts_folder(controller))
             controller.checkpoint(force=True, wait=True)
-            if storage_full(controller.experiment_path):
-                # Tune starts every pending trial after this call whatever it returns; an error
-                # ends the step (and the run: `calibtune.study._diskfull`) before any starts
-                raise StorageFullError(controller.experiment_path)
-            self._saved_trials = known
+            self._check_full(controller)
+        trials = controller.get_trials()
+        if len(trials) > self._saved_trials:
+            failpoint("before_start_save")
+            folder = starts_folder(controller)
+            try:
+                for trial in trials:
+                    if trial.trial_id not in self._recorded:
+                        record_start(folder, trial)
+                        self._recorded.add(trial.trial_id)
+            except OSError:
+                self._check_full(controller)  # a full disk (noted by the write): StorageFullError
+                raise
+            self._check_full(controller)
+            self._saved_trials = len(trials)
         return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
+
+    @staticmethod
+    def _check_full(controller: Any) -> None:
+        if storage_full(controller.experiment_path):
+            # Tune starts every pending trial after this call whatever it returns; an error
+            # ends the step (and the run: `calibtune.study._diskfull`) before any starts
+            raise StorageFullError(controller.experiment_path)
+
+
+#: the study folder's record of trial starts: one ``<trial id>.json`` per trial
+STARTS = "trial_starts"
+
+
+def starts_folder(controller: Any) -> Any:
+    """`STARTS` in the experiment folder, as a `calibtune.storage.Storage` on Tune's storage
+    file system."""
+    from calibtune.storage import Storage
+
+    fs, path = controller._storage.storage_filesystem, controller.experiment_path
+    scheme = "" if Path(path).is_absolute() and Path(path).is_dir() else fs.type_name
+    return Storage(fs, path, scheme) / STARTS
+
+
+def record_start(folder: Any, trial: Any) -> None:
+    """Write ``trial``'s start record (Tune's JSON state of it), atomically."""
+    state, _ = trial.get_json_state()
+    (folder / f"{trial.trial_id}.json").write_text(state)
+
+
+def replay(controller: Any, folder: Any) -> set[str]:
+    """Add back the recorded trials that the controller's (restored) state lacks, as Tune
+    restores a trial (`TuneController._restore_trials`), pending, registered with the searcher
+    under their own id and config; returns every recorded trial id and the controller's."""
+    import copy
+
+    import ray
+    from ray.tune.experiment import Trial
+
+    present = {t.trial_id for t in controller.get_trials()}
+    names = folder.listdir() if folder.exists() else []
+    recorded = {name[: -len(".json")] for name in names if name.endswith(".json")}
+    for trial_id in sorted(recorded - present):
+        trial = Trial.from_json_state((folder / f"{trial_id}.json").read_text())
+        storage = copy.copy(trial.storage)
+        storage.storage_filesystem = controller._storage.storage_filesystem
+        storage.storage_fs_path = controller._storage.storage_fs_path
+        storage.experiment_dir_name = controller._storage.experiment_dir_name
+        trial.set_storage(storage)
+        if not ray.util.client.ray.is_connected():
+            trial.init_local_path()
+        trial.set_status("PENDING")
+        _register(controller._search_alg, trial)
+        controller.add_trial(trial)
+    return recorded | present
+
+
+def _register(search_alg: Any, trial: Any) -> None:
+    """Tell the searcher of a replayed trial: one more sample taken (Tune's `SearchGenerator`
+    counter), live in the `ConcurrencyLimiter`, a running Optuna trial with its parameters
+    (`calibtune.study._optuna.register_running`)."""
+    from calibtune.study._optuna import register_running
+
+    search_alg._counter = getattr(search_alg, "_counter", 0) + 1
+    limiter = getattr(search_alg, "searcher", None)
+    inner = getattr(limiter, "searcher", limiter)
+    if hasattr(limiter, "live_trials"):
+        limiter.live_trials.add(trial.trial_id)
+    if inner is not None and hasattr(inner, "_ot_trials"):
+        register_running(inner, trial.trial_id, trial.config)
 
 
 class DurableFIFOScheduler(DurableStarts, FIFOScheduler):

@@ -1,7 +1,8 @@
 """The parent run as the study's summary: fixed settings as params, the best value and trial,
-the comparison and report tables, and study-level figures; refreshed whenever a trial ends (the
-figures only now and then: `calibtune.study._progress.FigureThrottle`) and at the end of
-`run`/`resume` (figures always).
+the comparison and report tables, and study-level figures; refreshed as trials end (the tables
+and best trial at most every few seconds, the figures less often:
+`calibtune.study._progress.FigureThrottle`) and at the end of `run`/`resume` (always, figures
+too).
 
 Everything is read back from MLflow (the child runs) and, for importances, from the study's
 Optuna storage, so a refresh after a restore sees every trial of every session.
@@ -204,18 +205,22 @@ def refresh_summary(
     optuna_storage: str | None = None,
     ended: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None, bool]] = (),
     figures: bool = True,
+    tables: bool = True,
 ) -> str | None:
     """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`, with their learning
-    curves: `calibtune.study._curves`), then
-    `summarize_study` (``figures``: redraw the study figures; the end of `run`/`resume` always
-    does). For the driver: a summary that cannot be written (a store briefly unavailable) never
-    stops the study; returns a one-line warning instead."""
+    curves: `calibtune.study._curves`; both read only those trials), then, with ``tables``,
+    `summarize_study` (which reads every trial run: the driver does it now and then,
+    `calibtune.study._progress`; ``figures``: redraw the study figures; the end of
+    `run`/`resume` always does both). For the driver: a summary that cannot be written (a store
+    briefly unavailable) never stops the study; returns a one-line warning instead."""
     try:
         storage = rdb_storage(optuna_storage) if optuna_storage else None
         if storage is not None and ended:
             metric, ids = study.search.objectives[0].metric, [e[0] for e in ended]
             curves = objective_curves(uri, exp_id, parent_run_id, metric, ids)
             persist_ended(study, storage, list(ended), curves)
+        if not tables:
+            return None
         # only the importances figure reads the Optuna study
         load = storage is not None and figures
         optuna_study = load_optuna_study(study.name, storage) if load else None

@@ -1,0 +1,135 @@
+"""The driver's cost per ended trial does not grow with the trials a study already has (issue 29
+item 5): a per-trial refresh of the parent run reads the ended trial's own runs (its learning
+curve, its Optuna record), not every run of the study; the tables that do read every run are
+rewritten now and then (`calibtune.study._progress._tables`) and at the study's end. Real MLflow
+and Optuna SQLite stores, no Ray; what is counted is what the stores hand back."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from calibtune.study._config import load_study
+from calibtune.study._progress import _refresher, drain_summaries
+from calibtune.study._tracking import (
+    PARENT,
+    TAG_KIND,
+    TAG_STATUS,
+    TAG_TRIAL,
+    experiment_id,
+    log_metrics,
+)
+from calibtune.study._trainable import StudyPayload
+
+
+def _trial(client: MlflowClient, uri: str, exp: str, parent: str, i: int) -> tuple:
+    """A finished child run as the trainable leaves it (two epochs, final metrics) and the
+    ended-trial tuple the driver's refresh gets for it."""
+    tags = {PARENT: parent, TAG_KIND: "trial", TAG_TRIAL: f"t{i}", TAG_STATUS: "finished"}
+    run = client.create_run(exp, tags=tags).info.run_id
+    client.log_param(run, "loss", "cross_entropy")
+    client.log_param(run, "loss_label", "cross_entropy")
+    for step in (1, 2):
+        client.log_metric(run, "val/ece.ts", 0.1 / step + i * 1e-3, step=step)
+    log_metrics(uri, run, {"val/ece": 0.1, "val/ece@ts": 0.05 + i * 1e-3})
+    result = {"calibtune/done": 1, "val/ece@ts": 0.05 + i * 1e-3}
+    return (f"t{i}", {"loss": "cross_entropy"}, result, False)
+
+
+def _read_by_one_refresh(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Runs and Optuna trials the stores hand back to the refresh after the ``n + 1``-th trial
+    of a study that has ``n`` (all of them refreshed before)."""
+    import optuna
+
+    study = load_study("studies/quickstart.yaml")
+    uri, storage = f"sqlite:///{tmp / 'mlflow.db'}", f"sqlite:///{tmp / 'optuna.db'}"
+    exp = experiment_id(uri, f"scale{n}")
+    client = MlflowClient(uri)
+    parent = client.create_run(exp).info.run_id
+    drain_summaries()  # no throttle left for a parent run by an earlier test
+    _, refresh = _refresher(study, StudyPayload(study, uri, exp, parent, str(tmp)), storage)
+    refresh([_trial(client, uri, exp, parent, i) for i in range(n)])  # the first: all at once
+    last = _trial(client, uri, exp, parent, n)
+
+    read = {"runs": 0, "optuna_trials": 0}
+    search_runs = MlflowClient.search_runs
+    get_all = optuna.storages.RDBStorage.get_all_trials
+
+    def counted_search(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = search_runs(self, *args, **kwargs)
+        read["runs"] += len(out)
+        return out
+
+    def counted_trials(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = get_all(self, *args, **kwargs)
+        read["optuna_trials"] += len(out)
+        return out
+
+    monkeypatch.setattr(MlflowClient, "search_runs", counted_search)
+    monkeypatch.setattr(optuna.storages.RDBStorage, "get_all_trials", counted_trials)
+    refresh([last])  # a trial that ended right after: inside the tables' window
+    monkeypatch.undo()
+    drain_summaries()
+    ot = optuna.load_study(study_name=study.name, storage=storage)
+    assert len(ot.trials) == n + 1  # every ended trial recorded once
+    curve = ot.trials[-1].intermediate_values  # its learning curve, from its own run
+    assert curve[1] == pytest.approx(0.1 + n * 1e-3) and curve[2] == pytest.approx(0.05 + n * 1e-3)
+    return read
+
+
+@pytest.mark.timeout(300)
+def test_a_trials_refresh_reads_only_its_own_runs(tmp_path: Path, monkeypatch) -> None:
+    small = _read_by_one_refresh(tmp_path / "small", 2, monkeypatch)
+    large = _read_by_one_refresh(tmp_path / "large", 24, monkeypatch)
+    # the code before: every run of the study (curves, tables) and every Optuna trial per record
+    assert small == large, (small, large)
+    assert large["runs"] <= 2 and large["optuna_trials"] == 0
+
+
+def _forced_saves(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[int, list, int]:
+    """Tune's full state saves forced while ``n`` one-report trials run one after another under
+    the study's scheduler, and the sizes of the start records written."""
+    from ray import tune
+    from ray.tune.execution.tune_controller import TuneController
+
+    from calibtune.study._scheduling import STARTS, DurableFIFOScheduler
+
+    forced = []
+    checkpoint = TuneController.checkpoint
+
+    def counted(self: Any, force: bool = False, wait: bool = False) -> None:
+        forced.append(force)
+        checkpoint(self, force=force, wait=wait)
+
+    monkeypatch.setattr(TuneController, "checkpoint", counted)
+    monkeypatch.setenv("TUNE_GLOBAL_CHECKPOINT_S", "100000")  # no periodic save in between
+
+    def trainable(config: dict[str, Any]) -> None:
+        tune.report({"score": float(config["i"])})
+
+    tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1}),
+        param_space={"i": tune.grid_search(list(range(n)))},
+        tune_config=tune.TuneConfig(scheduler=DurableFIFOScheduler(), max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="starts", storage_path=str(tmp), verbose=0),
+    ).fit()
+    monkeypatch.undo()
+    records = sorted((tmp / "starts" / STARTS).glob("*.json"))
+    state = json.loads(max((tmp / "starts").glob("experiment_state-*.json")).read_text())
+    first = len(state["trial_data"]) - len(records)
+    return sum(forced), [p.stat().st_size for p in records], first
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.timeout(300)
+def test_a_trial_start_does_not_save_the_whole_study(tmp_path: Path, monkeypatch) -> None:
+    few, few_sizes, _ = _forced_saves(tmp_path / "few", 2, monkeypatch)
+    many, many_sizes, first = _forced_saves(tmp_path / "many", 8, monkeypatch)
+    # the code before: one full save (every trial, the searcher) per start, so 8 against 2
+    assert few == many, (few, many)
+    assert 1 <= first < 8  # the session's one full save holds the first; each later, its record
+    assert max(many_sizes) < 1.5 * max(few_sizes)  # a record is the trial's state alone
