@@ -16,8 +16,8 @@ Steps (each timed; any failure makes the exit status 1; a step the hardware cann
    after its first checkpoint: the restarted worker finishes, every epoch once in the trial's
    history and once in its MLflow run;
 7. 2 Ray Train workers on 2 GPUs (DDP over nccl; skipped with one GPU), ``max_failures: 1``: one
-   rank is SIGKILLed after the first checkpoint, the group restarts from it, both ranks in
-   ``workers.json`` of the resumed attempt;
+   rank is SIGKILLed at the end of epoch 2, the group resumes from epoch 1's checkpoint, both
+   ranks in ``workers.json`` of the resumed attempt;
 8. 4 trials packed on one GPU (``{GPU: 0.25}``, 4 at once): all finish, at least two overlap
    in time, each trial's per-process peak (``gpu_mem_gib``) stays under a quarter of the device,
    and a process holding that share (`calibtune.trial._placement.hold_share`) cannot allocate
@@ -227,27 +227,25 @@ def run_study(c: Check, args: argparse.Namespace, data: Path) -> str:
     return f"2 finished, exported {len(list((c.work / 'exported').glob('*.yaml')))}"
 
 
-def kill_at_first_checkpoint(c: Check, argv: list[str], tag: str) -> str:
-    """Run ``python -m calibtune ARGV`` with the ``after_checkpoint:1`` failpoint, SIGKILL the
-    Train worker that reaches it first, and wait for the command (Ray restarts the worker group:
-    ``max_failures`` 1); its output, or RuntimeError."""
+def kill_at(c: Check, argv: list[str], tag: str, point: str = "after_checkpoint:1") -> str:
+    """Run ``python -m calibtune ARGV`` with the failpoint ``point`` (``name:epoch``), SIGKILL
+    the Train worker that reaches it first, and wait for the command (Ray restarts the worker
+    group: ``max_failures`` 1); its output, or RuntimeError."""
     points = c.work / f"failpoints_{tag}"
     points.mkdir(exist_ok=True)
-    env = {"CALIBTUNE_FAILPOINT": "after_checkpoint:1", "CALIBTUNE_FAILPOINT_DIR": str(points)}
+    env = {"CALIBTUNE_FAILPOINT": point, "CALIBTUNE_FAILPOINT_DIR": str(points)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "calibtune", *argv],
         cwd=c.work, env={**c.env, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True,
     )  # fmt: skip
-    hit = points / "after_checkpoint.hit"
+    hit = points / f"{point.partition(':')[0]}.hit"
     deadline = time.time() + 400
     while not hit.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.2)
     if not hit.exists():
         proc.kill()
-        raise RuntimeError(
-            f"the worker never reached its first checkpoint: {proc.communicate()[0][-300:]}"
-        )
+        raise RuntimeError(f"the worker never reached {point}: {proc.communicate()[0][-300:]}")
     time.sleep(0.3)  # the pid is written before the pause starts
     os.kill(int(hit.read_text()), signal.SIGKILL)
     out, _ = proc.communicate(timeout=500)
@@ -265,7 +263,7 @@ def kill_worker(c: Check, args: argparse.Namespace, data: Path) -> str:
     raw["losses"], raw["search"]["num_samples"] = [{"name": "cross_entropy"}], 1
     raw["trial"]["model"]["name"] = "small_cnn"
     _write(path, raw)
-    kill_at_first_checkpoint(c, ["run", str(path), "--quiet"], "kill")
+    kill_at(c, ["run", str(path), "--quiet"], "kill")
     client = MlflowClient(raw["tracking"]["uri"])
     exp = client.get_experiment_by_name("gpu_kill")
     runs = [
@@ -285,8 +283,9 @@ def _epochs(c: Check, name: str) -> list[int]:
 
 
 def ddp_two_workers(c: Check, args: argparse.Namespace, data: Path) -> str:
-    """2 Train workers (nccl on 2 GPUs, gloo on the CPU), one SIGKILLed at the first
-    checkpoint: the group resumes from it; each epoch once, both ranks in ``workers.json``."""
+    """2 Train workers (nccl on 2 GPUs, gloo on the CPU), one SIGKILLed at the end of epoch 2,
+    after epoch 1's checkpoint was reported: the group resumes from that checkpoint; each epoch
+    once, both ranks in the resumed attempt's ``workers.json``."""
     import torch
 
     if not args.cpu and torch.cuda.device_count() < 2:
@@ -294,9 +293,8 @@ def ddp_two_workers(c: Check, args: argparse.Namespace, data: Path) -> str:
     over = {"model__name": "small_cnn", "data__ood": [], "train__loader_workers": 0,
             "scaling__num_workers": 2, "scaling__max_failures": 1}  # fmt: skip
     path = _write(c.work / "ddp2.yaml", trial_config(args, data, "ddp2", **over))
-    kill_at_first_checkpoint(
-        c, ["train", str(path), "--storage-path", str(c.work / "trials")], "ddp2"
-    )
+    argv = ["train", str(path), "--storage-path", str(c.work / "trials")]
+    kill_at(c, argv, "ddp2", point="epoch_end:2")
     if _epochs(c, "ddp2") != [1, 2]:
         raise RuntimeError(f"expected epochs [1, 2] once each, got {_epochs(c, 'ddp2')}")
     workers = json.loads((c.work / "trials" / "ddp2" / "artifacts" / "workers.json").read_text())
@@ -304,7 +302,7 @@ def ddp_two_workers(c: Check, args: argparse.Namespace, data: Path) -> str:
     if ranks != [0, 1] or workers["start_epoch"] != 1:
         raise RuntimeError(f"expected ranks [0, 1] resumed after epoch 1, got {workers}")
     backend = "gloo" if args.cpu else "nccl"
-    return f"2 ranks ({backend}), one killed after epoch 1, resumed; epochs [1, 2] once"
+    return f"2 ranks ({backend}), one killed in epoch 2, resumed from epoch 1; epochs [1, 2] once"
 
 
 def _capped_allocation() -> str:
