@@ -160,7 +160,7 @@ def _tune_state_trials(sdir: Path) -> list[str]:
     newest = max(sdir.glob("experiment_state-*.json"), key=lambda p: p.name)
     trials = json.loads(newest.read_text())["trial_data"]
     saved = [json.loads(state)["trial_id"] for state, _ in trials]
-    started = [p.stem for p in sdir.glob("trial_starts/*.json")]
+    started = [p.stem for p in sdir.glob("trial_starts/*/*.json")]
     return saved + sorted(set(started) - set(saved))
 
 

@@ -118,7 +118,7 @@ def _forced_saves(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch) -> tuple[i
         run_config=tune.RunConfig(name="starts", storage_path=str(tmp), verbose=0),
     ).fit()
     monkeypatch.undo()
-    records = sorted((tmp / "starts" / STARTS).glob("*.json"))
+    records = sorted((tmp / "starts" / STARTS).glob("*/*.json"))
     state = json.loads(max((tmp / "starts").glob("experiment_state-*.json")).read_text())
     first = len(state["trial_data"]) - len(records)
     return sum(forced), [p.stat().st_size for p in records], first

@@ -123,7 +123,7 @@ class DurableStarts:
 
     `choose_trial_to_run` (Tune starts a trial only after it, in the same step) first writes
     each trial the controller holds that no record has seen yet to `STARTS`
-    (``<trial id>.json``: Tune's own JSON state of the trial, a few kB, atomically) — an
+    (``<round>/<trial id>.json``: Tune's own JSON state of the trial, a few kB, atomically) — an
     append-only record, where Tune's experiment state (every trial, the searcher's whole
     study) would be rewritten at every start. Tune's full save is forced once per session, at
     its first start (a study killed before Tune's first periodic save must have a state to
@@ -187,18 +187,20 @@ class DurableStarts:
             raise StorageFullError(controller.experiment_path)
 
 
-#: the study folder's record of trial starts: one ``<trial id>.json`` per trial
+#: the study folder's record of trial starts: ``<round>/<trial id>.json`` per trial
 STARTS = "trial_starts"
 
 
 def starts_folder(controller: Any) -> Any:
-    """`STARTS` in the experiment folder, as a `calibtune.storage.Storage` on Tune's storage
-    file system."""
+    """``STARTS/<round>`` in the experiment folder, as a `calibtune.storage.Storage` on Tune's
+    storage file system. ``<round>``: the timestamp Tune gives a run and restores with it (an
+    extension's new round in the same folder, `calibtune.study._extend`, has its own, so its
+    resume never replays the ended trials of the rounds before)."""
     from calibtune.storage import Storage
 
     fs, path = controller._storage.storage_filesystem, controller.experiment_path
     scheme = "" if Path(path).is_absolute() and Path(path).is_dir() else fs.type_name
-    return Storage(fs, path, scheme) / STARTS
+    return Storage(fs, path, scheme) / STARTS / str(controller._storage._timestamp)
 
 
 def record_start(folder: Any, trial: Any) -> None:
