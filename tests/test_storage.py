@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from _s3 import S3Server, start_s3
 
 from calibtune.storage import (
     Storage,
@@ -25,7 +26,6 @@ from calibtune.storage import (
     open_storage,
 )
 from calibtune.study._ui import free_port
-from tests._s3 import S3Server, start_s3
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,10 +5,13 @@ the kernel drops it when the holder dies, so a lock left by a killed process is 
 An object store has no ``flock``: the lock is an object holding its holder's token and a lease
 (``expires``, wall-clock seconds), renewed by a heartbeat thread every third of the lease
 (`lease_s`, ``$CALIBTUNE_LOCK_LEASE_S``, default 60 s). A holder that dies stops renewing, and
-its lock is free once the lease has expired. Taking it writes the object and reads it back after
-a short pause (last writer wins: a process that reads another's token lost); without a
-conditional PUT in pyarrow two processes starting within that pause could both believe they won,
-which a person starting the same study twice within a second does not do. Clocks of the machines
+its lock is free once the lease has expired, or at once for a process on the same host whose
+holder is no longer alive (a driver SIGKILLed and resumed on the same machine; host names are
+unique per machine or pod, as Kubernetes and the Ray cluster launcher make them). Taking it
+writes the object and reads it back after a short pause (last writer wins: a process that
+reads another's token lost); without a conditional PUT in pyarrow two processes starting within
+that pause could both believe they won, which a person starting the same study twice within a
+second does not do. Clocks of the machines
 involved must agree to well within the lease (NTP does that).
 """
 
@@ -102,12 +105,28 @@ def _holder(target: Storage) -> dict[str, Any] | None:
         return None
 
 
+def _stale(held: dict[str, Any]) -> bool:
+    """Whether a lock object no longer holds: its lease expired, or its holder was a process of
+    this host that has ended."""
+    if float(held.get("expires", 0)) <= time.time():
+        return True
+    if held.get("host") != socket.gethostname():
+        return False
+    try:
+        os.kill(int(held["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, KeyError, TypeError, ValueError):
+        return False
+    return False
+
+
 @contextlib.contextmanager
 def _lease(target: Storage) -> Iterator[None]:
     lease = lease_s()
     token = uuid.uuid4().hex
     held = _holder(target)
-    if held and held.get("token") != token and float(held.get("expires", 0)) > time.time():
+    if held and not _stale(held):
         raise StorageLockedError(target.uri, held)
     mine = _record({"token": token, "expires": time.time() + lease})
     target.write_text(json.dumps(mine))

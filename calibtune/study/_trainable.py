@@ -37,6 +37,7 @@ from typing import Any
 from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
 from calibtune.metrics import keys as K
+from calibtune.storage import open_storage
 from calibtune.study._config import StudyConfig
 from calibtune.study._lineage import log_data_inputs, trial_inputs
 from calibtune.study._spaces import decode
@@ -210,7 +211,7 @@ def _seed_run(
             # the driver draws them after Tune has the result (`render_deferred_figures`;
             # it looks for them when the study's own trial config draws figures)
             figures_for=study.name if cfg.eval.figures and draws else None,
-            retries_to=str(Path(payload.trials_dir).parent),
+            retries_to=_local_study_folder(payload),
             inputs=inputs,
         )
         twin = finished_twin(payload.trials_dir, cfg, name)
@@ -255,7 +256,7 @@ def finished_twin(trials_dir: str, cfg: Any, name: str) -> tuple[str, Any] | Non
     from calibtune.trial import saved_result
 
     try:
-        twin = (Path(trials_dir) / CONFIGS_DIR / config_key(cfg)).read_text().strip()
+        twin = (open_storage(trials_dir) / CONFIGS_DIR / config_key(cfg)).read_text().strip()
     except (OSError, UnicodeDecodeError):
         return None
     if twin == name or not twin:
@@ -266,9 +267,8 @@ def finished_twin(trials_dir: str, cfg: Any, name: str) -> tuple[str, Any] | Non
 
 def remember_config(trials_dir: str, cfg: Any, name: str) -> None:
     """Record that seed run ``name`` finished training ``cfg`` (the first to do so stays)."""
-    marker = Path(trials_dir) / CONFIGS_DIR / config_key(cfg)
+    marker = open_storage(trials_dir) / CONFIGS_DIR / config_key(cfg)
     if not marker.exists():
-        marker.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(marker, name)
 
 
@@ -281,13 +281,21 @@ def _reuse(payload: StudyPayload, run_id: str, logger: Any, twin: str, result: A
     return result
 
 
+def _local_study_folder(payload: StudyPayload) -> str | None:
+    """The study folder when it is on a disk (where trial processes record their retried MLflow
+    requests for the driver: `watch_retries`); None for a bucket, which has no appendable file."""
+    trials = open_storage(payload.trials_dir)
+    return str(trials.parent.local_path()) if trials.is_local else None
+
+
 def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     """Tune function trainable: one sampled config, trained once per seed via the trial engine."""
     import ray
     from ray import tune
 
     failpoint("trial_start")
-    watch_retries(Path(payload.trials_dir).parent)  # the study folder: the driver tells of them
+    if (folder := _local_study_folder(payload)) is not None:
+        watch_retries(folder)  # the study folder: the driver tells of them
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
     label = config["loss"]
@@ -388,7 +396,8 @@ def _seed_task(
     queue: Any,
 ) -> Any:
     """One seed of a trial, in its own Ray task (`seed_task_options`)."""
-    watch_retries(Path(payload.trials_dir).parent)
+    if (folder := _local_study_folder(payload)) is not None:
+        watch_retries(folder)
     relay = _EpochRelay(queue, trial_id, seed)
     return _seed_run(payload, config, hp, child, trial_id, seed, extra=[relay])
 
