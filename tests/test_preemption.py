@@ -34,6 +34,26 @@ def test_retryable_tells_lost_nodes_from_own_errors() -> None:
     assert error_line(None) == "no details"
 
 
+def test_a_study_with_trials_failed_for_good_exits_3(tmp_path: Path, capsys) -> None:
+    from types import SimpleNamespace
+
+    from calibtune.study._cli import TRIALS_FAILED_EXIT, _exit_code
+
+    def outcome(**counts: int) -> SimpleNamespace:
+        base = {"finished": 0, "failed": 0, "stopped": 0, "unfinished": 0}
+        return SimpleNamespace(
+            name="s", storage=tmp_path, storage_full=False, stopped_by=None, budget_note=None,
+            counts={**base, **counts},
+        )  # fmt: skip
+
+    # the code before: 0 (every trial ended and one finished), so automation saw no failure
+    assert _exit_code(outcome(finished=2, failed=1)) == TRIALS_FAILED_EXIT == 3
+    assert "found 1 failed for good" in capsys.readouterr().err
+    assert _exit_code(outcome(finished=3)) == 0
+    assert _exit_code(outcome(finished=2, stopped=1)) == 0  # stopped early by ASHA: no failure
+    assert _exit_code(outcome(failed=3)) == 1  # none finished: as before
+
+
 @pytest.mark.timeout(300)
 def test_lost_trial_retried_own_error_fails_at_once(tmp_path: Path) -> None:
     from ray import tune
