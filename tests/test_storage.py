@@ -185,3 +185,20 @@ def test_run_refuses_an_unusable_bucket_before_anything_starts(s3: S3Server, tmp
         assert proc.stderr.strip().count("\n") == 0 and line in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bucketed.yaml"]  # nothing written
     assert s3.keys("unit", "studies") == []
+
+
+def test_lease_of_an_ended_holder_on_this_host_is_stale_at_once(s3_env: S3Server) -> None:
+    """A driver SIGKILLed and resumed on the same machine need not wait for its lease."""
+    import socket
+
+    ended = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    lock = open_storage(f"s3://unit/{uuid.uuid4().hex[:8]}/.calibtune.lock")
+    held = {"pid": int(ended.stdout), "host": socket.gethostname(), "since": 0, "token": "t"}
+    lock.write_text(json.dumps({**held, "expires": time.time() + 600}))
+    with hold_lock(lock):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
