@@ -39,6 +39,7 @@ GROUPS = {
     "tests/test_cluster_ddp.py": "cluster",
     "tests/test_cluster_storage.py": "cluster",
     "tests/test_submit_cluster.py": "cluster",
+    "tests/test_readme_cluster.py": "cluster",
 }
 SPREAD = {"tests/test_faults.py", "tests/test_terminal.py"}
 # Wall-clock bounds a busy second worker could break: `make test` runs these alone, after the

@@ -1,5 +1,7 @@
-"""A lab's set-up, for real: `mlflow server` on a PostgreSQL backend store with an artifact
-destination, a study run through the CLI logging over HTTP, inspected with MlflowClient.
+"""A lab's set-up, for real: `mlflow server` on a PostgreSQL backend store with its artifacts
+proxied to object storage (``--artifacts-destination s3://…`` on an S3-compatible server on
+127.0.0.1: the recommended cluster set-up, issue 28), a study run through the CLI logging over
+HTTP without any store credentials, inspected with MlflowClient.
 
 PostgreSQL comes from ``CALIBTUNE_TEST_PG_URL`` (`.ci/run` starts a throwaway cluster and sets
 it); outside CI the test skips without it, in CI (``CI`` set) its absence is a failure.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _s3 import start_s3
 
 from calibtune.study._ui import free_port, stop_ui
 
@@ -61,14 +64,16 @@ def _drop_database(pg_url: str, name: str) -> None:
     conn.close()
 
 
-def _start_server(db_url: str, artifacts: Path) -> tuple[subprocess.Popen, str]:
+def _start_server(
+    db_url: str, artifacts: Path | str, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen, str]:
     port = free_port()
     cmd = [
         str(BIN / "mlflow"), "server", "--backend-store-uri", db_url,
         "--artifacts-destination", str(artifacts), "--host", "127.0.0.1",
         "--port", str(port), "--workers", "1",
     ]  # fmt: skip
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    env = {**os.environ, **(env or {}), "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
@@ -122,7 +127,9 @@ def lab(pg_url, tmp_path_factory):
     # Optuna on the same server, in its own database: MLflow and Optuna both keep an
     # alembic_version table, so one database cannot hold both schemas
     optuna_url, optuna_name = _fresh_database(pg_url)
-    server, url = _start_server(db_url, tmp / "artifacts")
+    s3 = start_s3()
+    # only the server holds the bucket's credentials: the study's processes get none
+    server, url = _start_server(db_url, f"s3://{s3.bucket('mlflow')}/artifacts", s3.env())
     try:
         study = _study_file(tmp, optuna_url)
         run = subprocess.run(
@@ -130,9 +137,10 @@ def lab(pg_url, tmp_path_factory):
             cwd=tmp, capture_output=True, text=True, timeout=500,
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-        yield url, db_url, tmp, optuna_url
+        yield url, db_url, tmp, optuna_url, s3
     finally:
         stop_ui(server)
+        s3.stop()
         _drop_database(pg_url, db_name)
         _drop_database(pg_url, optuna_name)
         shutil.rmtree(tmp / "artifacts", ignore_errors=True)
@@ -143,7 +151,7 @@ def test_study_logs_parent_children_metrics_and_artifacts_to_the_server(lab):
 
     from calibtune.study._tracking import PARENT, TAG_KIND
 
-    url, _, tmp, _ = lab
+    url, _, tmp, _, s3 = lab
     client = MlflowClient(url)
     exp = client.get_experiment_by_name("lab-server")
     assert exp is not None
@@ -163,18 +171,43 @@ def test_study_logs_parent_children_metrics_and_artifacts_to_the_server(lab):
         # the artifacts went through the server into its destination, not a local mlruns
         local = client.download_artifacts(child.info.run_id, "config.yaml", str(tmp))
         assert "loss" in Path(local).read_text()
-    stored = list((tmp / "artifacts").rglob("config.yaml"))
-    assert len(stored) == 2, stored
-    assert not (tmp / "mlruns").exists()
+    stored = [k for k in s3.keys("mlflow", "artifacts/") if k.endswith("/config.yaml")]
+    assert len(stored) == 2, stored  # in the bucket, through the server's proxy
+    assert not (tmp / "mlruns").exists() and not (tmp / "artifacts").exists()
+    assert not [k for k in s3.keys("mlflow") if k.endswith("calibtune_probe.txt")]
 
 
 def test_optuna_study_lives_on_the_same_postgresql(lab):
     import optuna
 
-    _, _, _, optuna_url = lab
+    _, _, _, optuna_url, _ = lab
     summaries = optuna.get_all_study_summaries(storage=optuna_url)
     assert len(summaries) == 1, [s.study_name for s in summaries]
     assert summaries[0].n_trials == 2
     states = {t.state for t in optuna.load_study(study_name=summaries[0].study_name,
                                                  storage=optuna_url).trials}  # fmt: skip
     assert states == {optuna.trial.TrialState.COMPLETE}
+
+
+def test_a_server_whose_artifact_store_cannot_be_written_is_refused_before_any_trial(tmp_path):
+    """A server whose --artifacts-destination is a bucket that does not exist: one line, exit 2,
+    before Ray starts (the probe's run is deleted); today's trials would train, then fail."""
+    s3 = start_s3()
+    server, url = _start_server(
+        f"sqlite:///{tmp_path / 'server.db'}", "s3://no-such-bucket/artifacts", s3.env()
+    )
+    try:
+        study = _study_file(tmp_path, None)
+        run = subprocess.run(
+            [str(BIN / "calibtune"), "run", str(study), "--tracking-uri", url],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+        (line,) = run.stderr.splitlines()
+        assert line.startswith("calibtune run: error: --tracking-uri: expected an MLflow server")
+        assert "artifact store takes writes, got HTTP 500" in line, line
+        assert "[calibtune] study" not in run.stdout  # refused before the study started
+        assert not (tmp_path / "studies").exists()
+    finally:
+        stop_ui(server)
+        s3.stop()

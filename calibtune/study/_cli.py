@@ -28,7 +28,7 @@ from calibtune.study._preflight import (
     preflight_run,
 )
 from calibtune.study._studydir import StudyDir
-from calibtune.study._tracking import resolve_tracking_uri
+from calibtune.study._tracking import check_artifact_store, resolve_tracking_uri
 from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
 # Lazy: `_config` (Optuna), `_results` (pandas) and `_search` (Ray, torch) are imported by the
@@ -186,6 +186,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         # bad paths, stores and addresses stop here, before Ray starts or anything is written
         preflight_run(
             study, address=args.address, tracking_uri=args.tracking_uri, storage=args.storage
+        )
+        check_artifact_store(  # a server's artifact store: written once, before any trial
+            resolve_tracking_uri(args.tracking_uri or study.tracking.uri),
+            study.experiment,
+            "--tracking-uri" if args.tracking_uri else "tracking.uri",
         )
         _setup_line(study, args.address, args.tracking_uri, args.more)
         outcome = run_study(

@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -284,6 +285,54 @@ def experiment_id(uri: str, name: str) -> str:
         if exp.tags.get(k) != v:
             client.set_experiment_tag(exp.experiment_id, k, v)
     return exp.experiment_id
+
+
+PROBE_ARTIFACT = "calibtune_probe.txt"
+
+
+def check_artifact_store(uri: str, experiment: str, key: str) -> None:
+    """A tracking server's artifact store takes writes: a throwaway run of ``experiment`` logs a
+    tiny artifact (through the server, as the trials will) and is deleted; a failure is one
+    ``ValueError`` line, before the first trial (else every trial would train, then fail to
+    save its artifacts). Stores other than a server (``sqlite:``, ``file:``) write artifacts
+    beside themselves and are checked with the store (`calibtune.study._preflight`). One
+    attempt, no retries: a store that refuses does so at once."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    client = _client(uri)
+    run_id = client.create_run(
+        experiment_id(uri, experiment), run_name="calibtune-artifact-probe"
+    ).info.run_id
+    before = os.environ.get("MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # read per request by MLflow's client
+    try:
+        client.log_text(run_id, "calibtune: this store takes artifacts\n", PROBE_ARTIFACT)
+        _delete_artifacts(uri, client.get_run(run_id).info.artifact_uri)
+    except Exception as exc:  # any failure of the store, as MLflow words it
+        said = " ".join(str(exc).split())
+        status = re.search(r"too many (\d+) error responses", said)
+        got = (
+            f"HTTP {status[1]} for a {len(PROBE_ARTIFACT)}-byte artifact" if status else said[:300]
+        )
+        raise ValueError(
+            f"{key}: expected an MLflow server whose artifact store takes writes, got {got} "
+            "(see the server's log: its --artifacts-destination and credentials)"
+        ) from None
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_HTTP_REQUEST_MAX_RETRIES", None)
+        else:
+            os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = before
+        client.delete_run(run_id)
+
+
+def _delete_artifacts(uri: str, artifact_uri: str) -> None:
+    """Delete a run's artifacts through its artifact repository (the server's proxy)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    with _use_tracking_uri(uri):  # mlflow-artifacts: URIs resolve against the tracking URI
+        get_artifact_repository(artifact_uri).delete_artifacts()
 
 
 def _finite_metrics(metrics: Mapping[str, Any], step: int) -> list[Any]:
