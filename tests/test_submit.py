@@ -100,7 +100,11 @@ def test_local_defaults_are_refused(tmp_path, capsys, monkeypatch, args, phrase)
             {"name": "digits", "root": "data"},
             "trial.data.root: expected an absolute folder .* 'data'",
         ),
-        ({"name": "cifar10"}, "trial.data.root: expected an absolute folder that holds cifar10"),
+        (
+            {"name": "cifar10"},
+            "trial.data.root: expected an absolute folder that holds cifar10 .*"
+            r"\(calibtune data fetch cifar10 --root DIR\)",
+        ),
     ],
 )
 def test_a_relative_data_root_is_refused_before_upload(tmp_path, capsys, data, phrase) -> None:

@@ -208,13 +208,16 @@ def check_data_roots(study: Any) -> None:
         if "files" in DATASETS.get(name).tags:
             raise ValueError(
                 f"{key}: expected an absolute folder that holds {name} on every node, got none "
-                "(the default ./data is relative to the job's working directory)"
+                "(the default ./data is relative to the job's working directory); fetch it on "
+                f"every node (calibtune data fetch {name} --root DIR) and set the root to DIR"
             )
         return
     if not Path(str(root)).expanduser().is_absolute():
         raise ValueError(
             f"{key}: expected an absolute folder that holds the data on every node, got "
-            f"{root!r} (relative to the job's working directory on the cluster)"
+            f"{root!r} (relative to the job's working directory on the cluster); fetch it on "
+            f"every node (calibtune data fetch {data.get('name', 'digits')} --root DIR) and set "
+            "the root to DIR"
         )
 
 
