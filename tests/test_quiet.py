@@ -59,3 +59,32 @@ def test_rays_job_manager_lines_are_left_out_unless_verbose() -> None:
     )
     assert job_output(logs) == "[calibtune] study s: 1 trials\n"
     assert job_output(logs, verbose=True) == logs
+
+
+CRASH = """
+import sys, time
+import ray
+from ray._private.utils import publish_error_to_driver
+from calibtune.study._raycluster import init_ray
+
+init_ray(None, num_cpus=1, verbose=sys.argv[1] == "verbose")
+job = ray.JobID(bytes.fromhex(ray.get_runtime_context().get_job_id()))
+dump = "raylet died: SIGSEGV\\n*** SIGSEGV received at time=1 on cpu 0 ***\\n    @ 0x5 (unknown)"
+publish_error_to_driver("raylet_died", dump, ray._private.worker.global_worker.gcs_client, job)
+time.sleep(4)  # the driver's error listener prints in the background
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_an_error_the_cluster_publishes_is_one_calibtune_line() -> None:
+    """What a raylet crash sends the driver (an error published through the GCS, the path a
+    dead node's or worker's report takes): one line when quiet, Ray's block when verbose."""
+    run = [sys.executable, "-c", CRASH]
+    quiet = subprocess.run([*run, "quiet"], capture_output=True, text=True, timeout=300)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    both = quiet.stdout + quiet.stderr
+    assert "[calibtune] Ray: raylet died: SIGSEGV" in quiet.stderr, both[-2000:]
+    assert "SIGSEGV received" not in both and "(raylet)" not in both, both[-2000:]
+    verbose = subprocess.run([*run, "verbose"], capture_output=True, text=True, timeout=300)
+    assert "SIGSEGV received" in verbose.stdout + verbose.stderr  # Ray's own block

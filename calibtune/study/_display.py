@@ -80,11 +80,38 @@ def quiet_output() -> None:
     analysis of a restored study (it reads Tune's own result files of trials that never
     started; the study's results are MLflow's), and no Optuna "step=N is already reported"
     (a retried trial reports its epochs again; Optuna keeps the first value, as calibtune's
-    MLflow curve does)."""
+    MLflow curve does); once Ray is imported, the cluster's error reports one line each
+    (`_one_line_ray_errors`)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", message=r".*`step=\d+` is already reported")
+    _one_line_ray_errors()
+
+
+def _one_line_ray_errors() -> None:
+    """Once Ray is imported: each error the cluster publishes to the driver (a raylet's crash
+    dump, a worker or node that died) becomes one ``[calibtune] Ray: <its first line>`` on
+    stderr instead of Ray's multi-line ``(raylet)`` block, which the driver prints whatever
+    ``log_to_driver`` says (``ray._private.worker.listen_error_messages`` calls the module's
+    ``print_to_stdstream``; worker logs, when forwarded, keep their own handler)."""
+    worker = sys.modules.get("ray._private.worker")
+    if worker is None or getattr(worker.print_to_stdstream, "calibtune_quiet", False):
+        return
+    ray_print = worker.print_to_stdstream
+
+    def one_line(data: dict[str, Any], ignore_prefix: bool) -> None:
+        if data.get("pid") != "raylet":
+            ray_print(data, ignore_prefix)
+            return
+        for message in data.get("lines", []):
+            first = next((ln.strip() for ln in str(message).splitlines() if ln.strip()), "")
+            if first:
+                clear_line()
+                print(f"[calibtune] Ray: {first[:300]}", file=sys.stderr, flush=True)
+
+    one_line.calibtune_quiet = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = one_line
     for name, level in (
         ("ray._private.authentication.authentication_token_setup", logging.ERROR),
         ("ray", logging.WARNING),
