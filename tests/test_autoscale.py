@@ -133,6 +133,7 @@ def test_a_study_waits_for_the_cluster_to_grow(tmp_path):
             [*cmd, *extra], env=cluster.client_env(), capture_output=True, text=True, timeout=600
         )
 
+    proc = None
     try:
         now = run()  # a fixed cluster: refused at once, as before
         assert now.returncode == 2, now.stderr[-2000:]
@@ -153,8 +154,10 @@ def test_a_study_waits_for_the_cluster_to_grow(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
         )
-        first = proc.stderr.readline()  # the study is waiting: now the cluster grows
-        assert "waiting for 1 trainer_slot" in first, first
+        seen = []
+        while not any("waiting for 1 trainer_slot" in line for line in seen):
+            seen.append(proc.stderr.readline())  # until the study waits: then the cluster grows
+            assert seen[-1], "".join(seen)[-3000:]
         cluster._start(
             ["--address", cluster.gcs, "--resources", json.dumps({"trainer_slot": 1})], "rg"
         )
@@ -162,4 +165,7 @@ def test_a_study_waits_for_the_cluster_to_grow(tmp_path):
         assert proc.returncode == 0, (out + err)[-3000:]
         assert "1 finished, 0 failed" in out
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.communicate()
         cluster.stop()

@@ -139,22 +139,29 @@ LOG_EVERY_S = 15.0
 
 
 def autoscaler_limits() -> dict[str, float] | None:
-    """What the connected cluster's autoscaler could grow it to (resource -> most the cluster
-    can hold), ``{}`` when an autoscaler runs but does not publish its node types (Ray's v1
-    autoscaler), None when there is no autoscaler (a local Ray, a fixed cluster)."""
+    """What the connected cluster's autoscaler could grow it to (resource -> the most the
+    cluster can hold), from the node groups it publishes in the GCS (autoscaler v2: KubeRay,
+    the cluster launcher with ``RAY_enable_autoscaler_v2=1``), when one of them can grow; None
+    otherwise: a local Ray, a fixed cluster, or an autoscaler that publishes no node groups (the
+    v1 one — ``ray start --head`` runs it on every cluster, read-only — for which
+    ``--wait-for-resources`` says the cluster will grow). Ray Data reads the same
+    (``is_autoscaling_enabled``)."""
     import ray
     from ray._private import state
 
     if not ray.is_initialized():
         return None
     try:
-        limits = state.state.get_max_resources_from_cluster_config()
-        if limits:
-            return {k: float(v) for k, v in limits.items()}
-        from ray._private.ray_constants import DEBUG_AUTOSCALING_STATUS
-        from ray.experimental.internal_kv import _internal_kv_get
-
-        return {} if _internal_kv_get(DEBUG_AUTOSCALING_STATUS) else None
+        config = state.state.get_cluster_config()
+        groups = list(config.node_group_configs) if config else []
+        if not any(
+            g.max_count == -1 or g.max_count > g.min_count
+            for g in groups
+            if g.resources and g.max_count != 0
+        ):
+            return None
+        limits = state.state.get_max_resources_from_cluster_config() or {}
+        return {k: float(v) for k, v in limits.items()}
     except Exception:  # pragma: no cover - another Ray version: no autoscaler known
         return None
 
