@@ -7,6 +7,8 @@ but caches and the stores the study names (its MLflow and Optuna SQLite files)."
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -84,7 +86,21 @@ def test_study_in_a_bucket_is_killed_and_resumed_exactly_once(s3, tmp_path: Path
             assert f"studies/{name}/trials/{t}/{f}" in keys, (t, f)
     assert f"studies/{name}/tuner.pkl" in keys and f"studies/{name}/calibtune_study.json" in keys
     assert f"studies/{name}/.calibtune.lock" not in keys  # released by the resume
+    out = {}
+    for args in (["compare", "--format", "csv"], ["export", "--top", "1", "--out", "best"]):
+        out[args[0]] = shown = subprocess.run(
+            [sys.executable, "-m", "calibtune", args[0], f"s3://calib/studies/{name}", *args[1:]],
+            cwd=tmp_path,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert shown.returncode == 0, shown.stderr[-2000:]
+    assert len(out["compare"].stdout.strip().splitlines()) == 3  # the header and two trials
+    assert len(list((tmp_path / "best").glob("*.yaml"))) == 1
     local = {p.name for p in tmp_path.iterdir()}
     stores = {"mlflow.db", "optuna.db", "mlruns"}  # the tracking and Optuna stores it names
-    assert local <= {"cache", f"{name}.yaml", "run.log", "resume.log", "epoch_end.hit"} | stores
+    ours = {"cache", f"{name}.yaml", "run.log", "resume.log", "epoch_end.hit", "best"}
+    assert local <= ours | stores
     assert not any("s3:" in str(p) for p in tmp_path.rglob("*")), sorted(os.listdir(tmp_path))
