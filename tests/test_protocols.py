@@ -304,18 +304,44 @@ def test_size_table_is_recomputed_from_the_studies() -> None:
         assert row == trial_epochs(study), path
 
 
-def test_submit_commands_name_the_studies_and_parse() -> None:
+def test_submit_commands_pass_submits_checks_up_to_the_cluster(monkeypatch, capsys) -> None:
+    """Every ``calibtune submit`` command of the cards names a shipped study and goes through
+    `calibtune submit` itself — the study, its data root, --fetch, what travels — up to the job
+    client, where it would contact the cluster. Left out: `preflight_submit` (it would reach the
+    placeholder storage and MLflow server) and the quiet terminal set-up (process-wide). The job
+    fetches exactly the sets the study reads into the absolute root, then runs the study."""
     import shlex
 
-    from calibtune.cli import build_parser
+    import calibtune.study._cli as study_cli
+    import calibtune.study._preflight as preflight
+    from calibtune.cli import main
+    from calibtune.data import sets_read_by
 
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(preflight, "preflight_submit", lambda study, **where: None)
+    monkeypatch.setattr(study_cli, "quiet_output", lambda: None)
+    monkeypatch.setattr(study_cli, "job_client", lambda address: address)
+    monkeypatch.setattr(
+        study_cli, "submit_job", lambda client, **job: sent.append((client, job)) or "raysubmit_x"
+    )
+    monkeypatch.chdir(ROOT)  # "submitted from the project root"
     lines = [ln for ln in CARDS.read_text().splitlines() if ln.startswith("calibtune submit ")]
-    parser = build_parser()
     seen = []
     for line in lines:
-        args = parser.parse_args(shlex.split(line)[1:])  # parsing only: nothing is submitted
-        assert args.command == "submit" and args.address == "http://HEAD:8265", line
-        assert args.storage and args.tracking_uri, line
-        assert (ROOT / args.study).is_file(), line
-        seen.append(args.study)
+        argv = shlex.split(line)[1:]
+        assert main(argv) == 0, (line, capsys.readouterr().err)
+        address, job = sent[-1]
+        assert address == "http://HEAD:8265", line
+        study = load_study(ROOT / argv[1])
+        data = study.trial["data"]
+        sets = sets_read_by(data["name"], data.get("ood"), data.get("shift"))
+        words = shlex.split(job["entrypoint"])
+        assert words[:2] == ["sh", "-c"] and len(words) == 3, line
+        fetch, run = (shlex.split(step) for step in words[2].split(" && "))
+        root = ["--root", "/shared/data"]
+        assert fetch == ["python", "-m", "calibtune", "data", "fetch", *sets, *root], line
+        assert run[:4] == ["python", "-m", "calibtune", "run"], line
+        submitted = yaml.safe_load(job["runtime_env"]["env_vars"]["CALIBTUNE_STUDY_YAML"])
+        assert submitted["trial"]["data"] == {**data, "root": "/shared/data"}, line
+        seen.append(argv[1])
     assert sorted(seen) == PAPER_STUDIES

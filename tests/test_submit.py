@@ -102,8 +102,8 @@ def test_local_defaults_are_refused(tmp_path, capsys, monkeypatch, args, phrase)
         ),
         (
             {"name": "cifar10"},
-            "trial.data.root: expected an absolute folder that holds cifar10 .*"
-            r"\(calibtune data fetch cifar10 --root DIR\)",
+            "trial.data.root: expected an absolute folder that holds cifar10, svhn, cifar10c .*"
+            r"\(calibtune data fetch cifar10 svhn cifar10c --root DIR\)",
         ),
     ],
 )
@@ -217,3 +217,177 @@ def test_what_travels_from_this_project() -> None:
 def test_forwarded_variables_are_named_by_prefix() -> None:
     env = {"AWS_SECRET_ACCESS_KEY": "k", "RAY_TRAIN_X": "1", "PATH": "/bin", "RAY_ADDRESS": "a"}
     assert forwarded_env(env) == {"AWS_SECRET_ACCESS_KEY": "k", "RAY_TRAIN_X": "1"}
+
+
+# ------------------------------------------------------------------------------- --fetch (issue 30)
+
+CIFAR = {**STUDY, "trial": {**STUDY["trial"], "data": {"name": "cifar10", "root": "data"}}}
+
+
+def _steps(entrypoint: str) -> list[list[str]]:
+    """The commands of a job's entrypoint: ``sh -c 'A && B'`` -> [A, B]; a bare command -> [it]."""
+    import shlex
+
+    words = shlex.split(entrypoint)
+    if words[:2] != ["sh", "-c"]:
+        return [words]
+    assert len(words) == 3, words  # one shell word after -c: nothing outside it runs
+    return [shlex.split(part) for part in words[2].split(" && ")]
+
+
+@pytest.mark.parametrize(
+    ("data", "sets"),
+    [
+        ({"name": "cifar10", "root": "data"}, ["cifar10", "svhn", "cifar10c"]),  # the defaults
+        ({"name": "cifar10", "ood": ["svhn"], "shift": []}, ["cifar10", "svhn"]),
+        ({"name": "cifar100", "ood": [], "shift": []}, ["cifar100"]),
+    ],
+)
+def test_fetch_runs_before_the_study_into_the_absolute_root(tmp_path, data, sets) -> None:
+    """--data-root DIR --fetch: the job's first step fetches exactly the sets the study reads
+    into DIR, a path on the cluster that does not exist here (and is not created), then runs
+    the study with that root."""
+    from calibtune.study import load_study
+    from calibtune.study._jobs import submission
+
+    root = f"{tmp_path}/cluster/data"
+    study = load_study(_project(tmp_path, {**STUDY, "trial": {**STUDY["trial"], "data": data}}))
+    spec = submission(
+        study,
+        storage=f"{tmp_path}/shared",
+        tracking_uri=f"sqlite:///{tmp_path}/m.db",
+        python="/opt/env/bin/python",
+        data_root=root,
+        fetch=True,
+        mirror="http://mirror.lab:8080/calibtune",
+        wait_for_resources=90,
+    )
+    fetch, run = _steps(spec["entrypoint"])
+    assert fetch == [
+        "/opt/env/bin/python", "-m", "calibtune", "data", "fetch", *sets,
+        "--root", root, "--mirror", "http://mirror.lab:8080/calibtune",
+    ]  # fmt: skip
+    assert run[:4] == ["/opt/env/bin/python", "-m", "calibtune", "run"]
+    assert run[-2:] == ["--wait-for-resources", "90"]
+    submitted = yaml.safe_load(spec["runtime_env"]["env_vars"]["CALIBTUNE_STUDY_YAML"])
+    assert submitted["trial"]["data"] == {**data, "root": root}
+    assert not (tmp_path / "cluster").exists()
+
+    # the fetch command is one the data CLI takes as it is
+    from calibtune.cli import build_parser
+
+    args = build_parser().parse_args(fetch[3:])
+    assert (args.names, args.root) == (sets, root)
+
+    # without --fetch: one step, the study alone, with the same root
+    spec = submission(
+        study, storage=f"{tmp_path}/shared", tracking_uri=f"sqlite:///{tmp_path}/m.db",
+        data_root=root,
+    )  # fmt: skip
+    ((*run,),) = _steps(spec["entrypoint"])
+    assert run[:4] == ["python", "-m", "calibtune", "run"] and "fetch" not in run
+
+
+def test_the_fetch_step_is_one_shell_word_that_stops_the_study_when_it_fails(tmp_path) -> None:
+    """Run the entrypoint as Ray's job manager does (a shell) with a stand-in ``python`` that
+    records its arguments: the fetch runs first, the study after it, and not at all when the
+    fetch fails (its exit code is the job's). As a KubeRay submitter pastes it into its own
+    shell line (``ray job submit … -- ENTRYPOINT ;``), the whole entrypoint reaches
+    ``ray job submit`` and nothing runs in the submitter."""
+    import shlex
+    import subprocess
+
+    from calibtune.study._jobs import job_spec
+
+    log = tmp_path / "calls"
+    fake = tmp_path / "python"
+    fake.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\n'
+        'case "$*" in *"data fetch"*) exit "${FETCH_EXIT:-0}";; esac\n'
+    )
+    fake.chmod(0o755)
+    fetch = ["data", "fetch", "cifar10", "--root", "/shared/data dir"]  # a space survives
+    spec = job_spec(
+        "name: s", "s", storage="s3://b/p", tracking_uri="http://m:5000", python=str(fake),
+        fetch=fetch,
+    )  # fmt: skip
+    entry = spec["entrypoint"]
+    done = subprocess.run(["sh", "-c", entry], env={"PATH": os.environ["PATH"]}, check=False)
+    assert done.returncode == 0
+    calls = log.read_text().splitlines()
+    assert calls[0] == "-m calibtune data fetch cifar10 --root /shared/data dir"
+    assert calls[1].startswith("-m calibtune run --study-env") and len(calls) == 2
+
+    log.unlink()
+    env = {"PATH": os.environ["PATH"], "FETCH_EXIT": "2"}
+    done = subprocess.run(["sh", "-c", entry], env=env, check=False)
+    assert done.returncode == 2 and len(log.read_text().splitlines()) == 1  # no study
+
+    # KubeRay's submitter line, with a recorder standing in for `ray`
+    log.unlink()
+    ray = tmp_path / "ray"
+    ray.write_text(f'#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done > {log}\n')
+    ray.chmod(0o755)
+    line = f"{ray} job submit --address http://h:8265 -- {entry} ; echo submitted"
+    done = subprocess.run(["sh", "-c", line], env=env, check=False, capture_output=True, text=True)
+    assert done.stdout == "submitted\n"
+    argv = log.read_text().splitlines()
+    assert shlex.join(argv[argv.index("--") + 1 :]) == entry  # Ray's CLI joins it back
+
+
+@pytest.mark.parametrize(
+    ("study", "args", "phrase"),
+    [
+        (  # no root: the default ./data is the job's working directory
+            {**STUDY, "trial": {**STUDY["trial"], "data": {"name": "cifar10"}}},
+            (),
+            r"trial\.data\.root: .* got none .*--data-root DIR --fetch .*"
+            r"\(calibtune data fetch cifar10 svhn cifar10c --root DIR\)",
+        ),
+        (  # the paper studies' relative root
+            CIFAR,
+            (),
+            r"trial\.data\.root: .* got 'data' .*--data-root DIR --fetch .*"
+            r"\(calibtune data fetch cifar10 svhn cifar10c --root DIR\)",
+        ),
+        (  # --fetch still needs an absolute root: a path on the cluster
+            CIFAR,
+            ("--fetch",),
+            r"trial\.data\.root: expected an absolute folder .* got 'data' .*--data-root /ABS/DIR",
+        ),
+        (
+            CIFAR,
+            ("--data-root", "cluster/data", "--fetch"),
+            r"error: --data-root: expected an absolute folder that holds cifar10, svhn, cifar10c "
+            r".* got 'cluster/data'",
+        ),
+        (
+            CIFAR,
+            ("--data-root", "/shared/data", "--mirror", "http://m/"),
+            r"error: --mirror: expected --fetch with it .* got 'http://m/' alone",
+        ),
+        (
+            CIFAR,
+            ("--data-root", "/shared/data", "--fetch", "--mirror", "ftp://m/"),
+            r"error: --mirror: expected an http://, https:// or file:// URL, got 'ftp://m/'",
+        ),
+    ],
+)
+def test_data_roots_are_refused_naming_fetch(tmp_path, capsys, study, args, phrase) -> None:
+    """One line, exit 2, before the dashboard (a closed port) is contacted, nothing written."""
+    import re
+
+    path = _project(tmp_path, study)
+    code, lines = _submit(capsys, str(path), *_shared(tmp_path), *args, "--address", _closed())
+    assert code == 2 and len(lines) == 1, lines
+    assert re.search(phrase, lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calibtune", "pyproject.toml", "s.yaml"]
+
+
+def test_an_absolute_root_to_fetch_passes_every_check_before_the_cluster(tmp_path, capsys) -> None:
+    """--data-root on the cluster (absent here) with --fetch: the next step is the (closed)
+    dashboard, so every check of submit's passed."""
+    path = _project(tmp_path, CIFAR)
+    args = ("--data-root", "/nonexistent/calibtune-data", "--fetch", "--address", _closed())
+    code, lines = _submit(capsys, str(path), *_shared(tmp_path), *args)
+    assert code == 2 and len(lines) == 1 and "expected a Ray dashboard" in lines[0], lines

@@ -338,10 +338,12 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             python=args.python,
             runtime_env_file=args.runtime_env,
             verbose=args.verbose,
+            data_root=args.data_root,
+            fetch=args.fetch,
+            mirror=args.mirror,
+            wait_for_resources=args.wait_for_resources,
         )
         client = job_client(args.address)
-        if args.wait_for_resources is not None:  # the job's `calibtune run` waits
-            spec["entrypoint"] += f" --wait-for-resources {args.wait_for_resources:g}"
         job_id = submit_job(client, **spec)
     print(f"submitted study {study.name} as Ray job {job_id}")
     print(f"follow it: calibtune status {job_id} --address {args.address or ''}".rstrip())
@@ -517,6 +519,24 @@ COMMANDS: dict[str, Command] = {
                 help="Ray runtime_env (YAML/JSON): pip or uv (with constraints.txt), image_uri, "
                 "env_vars, excludes",
             ),
+            arg(
+                "--data-root",
+                metavar="DIR",
+                help="absolute folder of the data sets on the cluster's nodes (replaces the "
+                "study's trial.data.root in the submitted copy)",
+            ),
+            arg(
+                "--fetch",
+                action="store_true",
+                help="the job first fetches the sets the study reads into the data root "
+                "(calibtune data fetch: one download per shared root)",
+            ),
+            arg(
+                "--mirror",
+                metavar="URL",
+                help="with --fetch: a lab mirror instead of the official hosts "
+                "($CALIBTUNE_DATA_MIRROR is forwarded too)",
+            ),
             arg("--wait", action="store_true", help="follow the job's logs until it ends"),
             WAIT_FOR_RESOURCES,
             *VERBOSITY,
@@ -525,8 +545,9 @@ COMMANDS: dict[str, Command] = {
         "project as working directory (.gitignore, tests and docs left out). Storage and the "
         "tracking URI must be given and reachable from every node (s3://BUCKET/PREFIX or a "
         "shared absolute path; an MLflow server); MLFLOW_*, AWS_*, RAY_TRAIN_* and CALIBTUNE_* "
-        "variables are forwarded. Before the first trial, the job checks that every node runs "
-        "the driver's calibtune, torch, ray, mlflow and optuna.",
+        "variables are forwarded. The data root must be absolute (--data-root DIR); with --fetch "
+        "the job first fetches the sets the study reads there. Before the first trial, the job "
+        "checks that every node runs the driver's calibtune, torch, ray, mlflow and optuna.",
     ),
     "resume": Command(
         "restore an interrupted study and finish its unfinished and errored trials",

@@ -8,12 +8,15 @@ on the job's ``PATH``; the submitting machine's interpreter path means nothing t
 ``deploy/`` are generated from it (`calibtune.study._deploy`).
 
 Checked here, before the cluster is contacted (one line each, exit 2): storage and tracking URIs
-that would land on the submitting machine's disk, relative data roots, a ``--runtime-env`` file
-that is not a Ray ``runtime_env``, and a working directory over Ray's upload limit.
+that would land on the submitting machine's disk, relative data roots (``--data-root DIR``
+replaces the study's; with ``--fetch`` the job fetches the sets the study reads there before the
+first trial), a ``--runtime-env`` file that is not a Ray ``runtime_env``, and a working directory
+over Ray's upload limit.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -23,6 +26,8 @@ import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from calibtune.study._preflight import check_address
 from calibtune.study._raycluster import client_token_auth
@@ -36,6 +41,7 @@ __all__ = [
     "check_data_roots",
     "check_job_uris",
     "check_upload_size",
+    "fetch_command",
     "follow",
     "forwarded_env",
     "job_client",
@@ -47,6 +53,7 @@ __all__ = [
     "ray_address",
     "submission",
     "submit_job",
+    "with_data_root",
 ]
 
 # Left out of the job's working directory besides the project's .gitignore (gitignore patterns,
@@ -194,31 +201,90 @@ def _where(key: str, got: str) -> str:
     )
 
 
-def check_data_roots(study: Any) -> None:
-    """A study whose dataset (or OOD sets) read files must name them by an absolute
-    ``trial.data.root``: a relative one (or the default ``./data``) resolves on each node
-    against the job's working directory, where the submitting machine's files are not."""
-    from calibtune.data import DATASETS
+def with_data_root(study: Any, root: str) -> Any:
+    """The study with ``trial.data.root`` set to ``root`` (``--data-root``), in its text too:
+    the submitted copy (`self_contained`) is made from the text."""
+    from calibtune._yaml import load_text
 
+    raw = load_text(study.text, "study")
+    raw["trial"]["data"] = {**(raw["trial"].get("data") or {}), "root": root}
+    trial = {**study.trial, "data": {**(study.trial.get("data") or {}), "root": root}}
+    text = yaml.safe_dump(raw, sort_keys=False, allow_unicode=True)
+    return dataclasses.replace(study, text=text, trial=trial)
+
+
+def _sets_read(data: Mapping[str, Any]) -> list[str]:
+    """The `calibtune data fetch` names a trial with this ``trial.data`` reads."""
+    from calibtune.data import sets_read_by
+
+    return sets_read_by(data.get("name", "digits"), data.get("ood"), data.get("shift"))
+
+
+def check_data_roots(study: Any, *, fetch: bool = False, key: str | None = None) -> None:
+    """A study whose dataset (or OOD/shift sets) read files must name them by an absolute
+    ``trial.data.root``: a relative one (or the default ``./data``) resolves on each node
+    against the job's working directory, where the submitting machine's files are not. The
+    root is a path on the cluster: it need not exist here, with ``fetch`` nor without (the job's
+    `calibtune run` checks the files there before the first trial). ``key``: where the root
+    came from (default: the study's ``trial.data.root``).
+
+    >>> from types import SimpleNamespace as S
+    >>> check_data_roots(S(trial={"data": {"name": "cifar10", "root": "/shared/data"}}, path=None))
+    >>> check_data_roots(S(trial={"data": {"name": "cifar10", "root": "data"}}, path=None))
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ValueError: trial.data.root: expected an absolute folder ... --data-root DIR --fetch ...
+    """
     data = (study.trial or {}).get("data") or {}
     root = data.get("root")
-    key = f"{study.path}: trial.data.root" if study.path else "trial.data.root"
-    if root is None:
-        name = data.get("name", "digits")
-        if "files" in DATASETS.get(name).tags:
-            raise ValueError(
-                f"{key}: expected an absolute folder that holds {name} on every node, got none "
-                "(the default ./data is relative to the job's working directory); fetch it on "
-                f"every node (calibtune data fetch {name} --root DIR) and set the root to DIR"
-            )
+    sets = _sets_read(data)
+    if key is None:
+        key = f"{study.path}: trial.data.root" if study.path else "trial.data.root"
+    if root is not None and Path(str(root)).expanduser().is_absolute():
         return
-    if not Path(str(root)).expanduser().is_absolute():
-        raise ValueError(
-            f"{key}: expected an absolute folder that holds the data on every node, got "
-            f"{root!r} (relative to the job's working directory on the cluster); fetch it on "
-            f"every node (calibtune data fetch {data.get('name', 'digits')} --root DIR) and set "
-            "the root to DIR"
-        )
+    if root is None and not sets:
+        return  # nothing read from files (digits, …): the default root is never opened
+    held = ", ".join(sets) if sets else "the data"
+    got = (
+        "none (the default ./data is relative to the job's working directory)"
+        if root is None
+        else f"{root!r} (relative to the job's working directory on the cluster)"
+    )
+    fix = (
+        f"; pass --data-root DIR --fetch to fetch them into DIR on the cluster before the first "
+        f"trial, or fetch them there yourself (calibtune data fetch {' '.join(sets)} --root DIR) "
+        "and pass --data-root DIR"
+        if sets
+        else "; pass --data-root DIR, an absolute folder every node sees"
+    )
+    if fetch:
+        fix = "; with --fetch it is still a path on the cluster's nodes: pass --data-root /ABS/DIR"
+    raise ValueError(
+        f"{key}: expected an absolute folder that holds {held} on every node, got {got}{fix}"
+    )
+
+
+def fetch_command(study: Any, mirror: str | None = None) -> list[str]:
+    """The `calibtune data fetch` command line (`calibtune.data.fetch_argv`) that gets every set
+    ``study`` reads into its (absolute) data root; empty when it reads no files.
+
+    >>> from types import SimpleNamespace as S
+    >>> data = {"name": "cifar10", "root": "/shared/data", "ood": ["svhn"], "shift": []}
+    >>> fetch_command(S(trial={"data": data}))
+    ['calibtune', 'data', 'fetch', 'cifar10', 'svhn', '--root', '/shared/data']
+    """
+    from calibtune.data import fetch_argv
+
+    data = (study.trial or {}).get("data") or {}
+    if mirror is not None and not mirror.startswith(("http://", "https://", "file://")):
+        raise ValueError(f"--mirror: expected an http://, https:// or file:// URL, got {mirror!r}")
+    return fetch_argv(
+        data.get("name", "digits"),
+        str(data.get("root")),
+        data.get("ood"),
+        data.get("shift"),
+        mirror,
+    )
 
 
 def load_runtime_env(path: str | Path) -> dict[str, Any]:
@@ -348,12 +414,19 @@ def job_spec(
     runtime_env: Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     verbose: bool = False,
+    fetch: list[str] | tuple[str, ...] = (),
+    wait_for_resources: float | None = None,
 ) -> dict[str, Any]:
     """What a submission sends: ``entrypoint``, ``runtime_env`` and ``metadata`` (the keywords
     of ``JobSubmissionClient.submit_job``; a KubeRay ``RayJob``'s ``entrypoint`` and
     ``runtimeEnvYAML``). ``root``: the project uploaded as working directory (None: nothing);
     ``env``: variables forwarded by name (`forwarded_env`), under the ``--runtime-env`` file's
-    own ``env_vars``.
+    own ``env_vars``. ``fetch``: the arguments of a ``calibtune data fetch`` (`fetch_command`
+    without its ``calibtune``) the job runs on the cluster before the study, as ``sh -c
+    'python -m calibtune data fetch … && python -m calibtune run …'``: one shell word, because
+    a KubeRay submitter pastes the entrypoint into its own shell line (a bare ``&&`` would run
+    the study in the submitter's pod). The fetch holds the data root's lock: one download per
+    shared root however many jobs or nodes run it; the study starts only once it succeeded.
 
     >>> spec = job_spec("name: s", "s", storage="s3://b/p", tracking_uri="http://m:5000")
     >>> spec["entrypoint"].split(" --storage ")[1]
@@ -366,6 +439,12 @@ def job_spec(
     argv = [python, "-m", "calibtune", "run", "--study-env", STUDY_ENV, "--address", "auto"]
     argv += ["--storage", storage, "--tracking-uri", tracking_uri]
     argv += ["--verbose"] if verbose else []
+    if wait_for_resources is not None:  # the job's `calibtune run` waits
+        argv += ["--wait-for-resources", f"{wait_for_resources:g}"]
+    entrypoint = shlex.join(argv)
+    if fetch:
+        fetch_line = shlex.join([python, "-m", "calibtune", *fetch])
+        entrypoint = shlex.join(["sh", "-c", f"{fetch_line} && {entrypoint}"])
     extra = dict(runtime_env or {})
     renv: dict[str, Any] = {k: v for k, v in extra.items() if k not in ("env_vars", "excludes")}
     if root is not None:
@@ -378,7 +457,7 @@ def job_spec(
         STUDY_ENV: study_yaml,
     }
     return {
-        "entrypoint": shlex.join(argv),
+        "entrypoint": entrypoint,
         "runtime_env": renv,
         "metadata": {"calibtune.study": study_name},
     }
@@ -442,16 +521,29 @@ def submission(
     python: str = "python",
     runtime_env_file: str | None = None,
     verbose: bool = False,
+    data_root: str | None = None,
+    fetch: bool = False,
+    mirror: str | None = None,
+    wait_for_resources: float | None = None,
 ) -> dict[str, Any]:
     """`calibtune submit`'s checks, in order, then its `job_spec`: the storage and tracking URI
-    (given, not this machine's disk; then `preflight_submit`), the data roots, the
-    ``--runtime-env`` file, the upload's size. Nothing is contacted or written."""
+    (given, not this machine's disk; then `preflight_submit`), the data roots (``data_root``
+    replaces the study's; with ``fetch`` the job fetches the sets the study reads there first,
+    from ``mirror`` if given), the ``--runtime-env`` file, the upload's size. Nothing is
+    contacted or written but the stores' checks (`preflight_submit`)."""
     from calibtune.study._preflight import preflight_submit
     from calibtune.study._studydir import self_contained
     from calibtune.study._tracking import resolve_tracking_uri
 
     store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
-    check_data_roots(study)
+    if mirror is not None and not fetch:
+        raise ValueError(
+            f"--mirror: expected --fetch with it (where the job fetches from), got {mirror!r} alone"
+        )
+    if data_root is not None:
+        study = with_data_root(study, data_root)
+    check_data_roots(study, fetch=fetch, key="--data-root" if data_root is not None else None)
+    fetch_argv = fetch_command(study, mirror) if fetch else []
     renv = load_runtime_env(runtime_env_file) if runtime_env_file else None
     preflight_submit(study, tracking_uri=uri, storage=store)
     store = store if _is_remote(store) else str(Path(store).expanduser())
@@ -466,6 +558,8 @@ def submission(
         runtime_env=renv,
         env=forwarded_env(os.environ),
         verbose=verbose,
+        fetch=fetch_argv[1:],  # after "calibtune": the job runs `python -m calibtune data fetch`
+        wait_for_resources=wait_for_resources,
     )
     if root is not None:
         check_upload_size(root, spec["runtime_env"]["excludes"])
