@@ -66,7 +66,13 @@ def _finished_study(root: Path, config: bool = True) -> tuple[Path, str]:
     from calibtune._provenance import installed_versions
     from calibtune.study import StudyDir, load_study
     from calibtune.study._studydir import StudyState
-    from calibtune.study._tracking import ChildRun, _client, log_metrics, open_study_run
+    from calibtune.study._tracking import (
+        TAG_T_GRID_ENDS,
+        ChildRun,
+        _client,
+        log_metrics,
+        open_study_run,
+    )
 
     study = {
         "name": "fast",
@@ -80,6 +86,7 @@ def _finished_study(root: Path, config: bool = True) -> tuple[Path, str]:
     sd = StudyDir.at(cfg.name, root / "studies")
     uri = f"sqlite:///{root / 'mlflow.db'}"
     versions = {f"version.{k}": v for k, v in installed_versions().items()}
+    versions[TAG_T_GRID_ENDS] = '{"ts": [0.1, 10.0]}'  # as a study records it when it starts
     parent = open_study_run(uri, cfg.experiment, cfg.name, tags=versions)
     sd.write_state(StudyState(uri, parent.experiment_id, parent.run_id, str(path)))
     sd.write_study(cfg)

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from calibtune.study._results import StudyRef, _report_row, grid_ends, t_grid_ends
+from calibtune.study._tracking import TAG_T_GRID_ENDS
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDS = {"ts": (0.1, 10.0), "focal_ts": (0.01, 5.0)}
@@ -54,5 +55,8 @@ def test_the_grid_ends_come_from_the_study_file_of_the_parent_run(tmp_path: Path
     assert t_grid_ends(ref) == {"ts": (0.1, 10.0), "focal_ts": (0.01, 5.0)}
     bare = client.create_run(exp).info.run_id  # no study file: nothing is marked
     assert t_grid_ends(StudyRef("x", uri, exp, bare, ())) == {}
+    # the tag a study writes when it starts wins (read without building the trial config)
+    client.set_tag(bare, TAG_T_GRID_ENDS, '{"ts": [0.25, 4.0]}')
+    assert t_grid_ends(StudyRef("x", uri, exp, bare, ())) == {"ts": (0.25, 4.0)}
     # a study's own grid (t_min/t_max or a list) is the one read
     assert grid_ends({"ts": {"temperatures": [0.5, 1.0, 2.0]}}) == {"ts": (0.5, 2.0)}

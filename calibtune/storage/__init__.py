@@ -12,7 +12,7 @@ _EXPORTS = {
     **dict.fromkeys(["Storage", "StorageError", "open_storage"], "._storage"),
     **dict.fromkeys(["StorageLockedError", "hold_lock", "lease_s"], "._lock"),
     **dict.fromkeys(["StorageNotSharedError", "check_nodes_see"], "._probe"),
-    **dict.fromkeys(["atomic_filesystem", "note_full"], "._local"),
+    **dict.fromkeys(["atomic_filesystem", "forget_full", "full_paths", "note_full"], "._local"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

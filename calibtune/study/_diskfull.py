@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from calibtune.storage._local import atomic_filesystem, forget_full, full_paths, note_full
+from calibtune.storage import atomic_filesystem, forget_full, full_paths, note_full
 
 # Imported by the study driver only when a study runs (pyarrow comes with Ray).
 

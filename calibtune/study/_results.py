@@ -32,6 +32,7 @@ from calibtune.study._tracking import (
     TAG_ERROR,
     TAG_KIND,
     TAG_STATUS,
+    TAG_T_GRID_ENDS,
     TAG_TRIAL,
     _client,
     find_runs,
@@ -324,10 +325,11 @@ def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
     section); {} when the run holds no readable study file (then no T is marked)."""
     from mlflow.exceptions import MlflowException
 
-    from calibtune.trial import config_from_dict
-
     client = _client(ref.tracking_uri)
     try:
+        recorded = client.get_run(ref.parent_run_id).data.tags.get(TAG_T_GRID_ENDS)
+        if recorded:  # written when the study started: read without torch
+            return {k: (float(a), float(b)) for k, (a, b) in json.loads(recorded).items()}
         files = [f.path for f in client.list_artifacts(ref.parent_run_id, "study")]
         with tempfile.TemporaryDirectory() as tmp:
             for name in files:
@@ -337,6 +339,8 @@ def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
                     Path(client.download_artifacts(ref.parent_run_id, name, tmp)).read_text()
                 )
                 if isinstance(raw, dict) and "losses" in raw:  # the study, not a loss space
+                    from calibtune.trial import config_from_dict  # studies older than the tag
+
                     trial = {**dict(raw.get("trial") or {}), "loss": {"name": "cross_entropy"}}
                     return grid_ends(config_from_dict(trial).eval.posthoc)
     except (MlflowException, OSError, ValueError, yaml.YAMLError):

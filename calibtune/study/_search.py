@@ -15,6 +15,7 @@ saved, resumable with `resume_study`); a storage folder running out of space doe
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -35,10 +36,12 @@ from calibtune.study._extend import (
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
+from calibtune.study._results import grid_ends
 from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
     TAG_HASH,
+    TAG_T_GRID_ENDS,
     child_statuses,
     finish_run,
     git_sha,
@@ -101,7 +104,8 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
             study.experiment,
             study.name,
             tags={TAG_HASH: study.file_hash, "calibtune.git_sha": git_sha()}
-            | {f"version.{k}": v for k, v in versions().items()},
+            | {f"version.{k}": v for k, v in versions().items()}
+            | {TAG_T_GRID_ENDS: json.dumps(grid_ends(study.base_config().eval.posthoc))},
             artifacts=artifacts,
             existing_run_id=existing.parent_run_id if existing else None,
         )

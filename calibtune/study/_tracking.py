@@ -40,6 +40,7 @@ TAG_TRIAL = "calibtune.trial_id"
 TAG_STATUS = "calibtune.status"
 TAG_LOSS = "calibtune.loss"
 TAG_HASH = "calibtune.file_hash"
+TAG_T_GRID_ENDS = "calibtune.t_grid_ends"  # JSON {method: [first T, last T]} of grid fits
 TAG_ERROR = "calibtune.error"  # a failed trial's reason, one line
 TAG_SELECTED_EPOCH = "calibtune.selected_epoch"  # the epoch the final evaluation used
 TAG_FIGURES = "calibtune.figures_pending"  # study name: its driver renders this run's figures

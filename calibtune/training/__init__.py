@@ -25,6 +25,7 @@ from calibtune.training._loop import (
 from calibtune.training._precision import PRECISIONS, Precision, float32_head
 from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 from calibtune.training._uncertainty import prediction_name
+from calibtune.training._utilisation import cuda_unavailable_reason
 
 __all__ = [
     "PRECISIONS",
@@ -37,6 +38,7 @@ __all__ = [
     "Precision",
     "Progress",
     "ShiftLogits",
+    "cuda_unavailable_reason",
     "dataset_tensors",
     "epoch_index_batches",
     "epoch_metrics",

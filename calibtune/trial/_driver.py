@@ -116,7 +116,7 @@ def local_machine() -> tuple[dict[str, float], str]:
 
 
 def _no_cuda_here() -> str:
-    from calibtune.training._utilisation import cuda_unavailable_reason
+    from calibtune.training import cuda_unavailable_reason
 
     return cuda_unavailable_reason() or "torch sees no CUDA device"
 
