@@ -110,3 +110,63 @@ def test_auto_concurrency_reads_the_cluster(ray_session):
     assert limiter.max_concurrent == cpus + 1  # every slot, and one trial queued
     study = study_from_text("name: s\nlosses: [cross_entropy]\nsearch: {seeds: [1, 2]}", "s")
     assert slot_usage(study) == (0, cpus)
+
+
+def test_a_seed_whose_process_dies_is_retried_with_its_trial(tmp_path):
+    """SIGKILL one seed's process mid-training: the trial is retried (``max_failures``, default
+    3), the other seed's finished result is kept, the killed one resumes from its checkpoint,
+    and every record counts once: one trial run and two seed runs, all finished, every epoch
+    logged once per seed run, the Optuna trial COMPLETE (no FAIL)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    path = _study(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["trial"]["train"]["epochs"] = 3
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    env = {
+        **os.environ,
+        "CALIBTUNE_FAILPOINT": "epoch_end:2",  # the first seed to finish epoch 2 pauses there
+        "CALIBTUNE_FAILPOINT_DIR": str(tmp_path),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "calibtune", "run", str(path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        hit = tmp_path / "epoch_end.hit"
+        deadline = time.time() + 600
+        while not (hit.is_file() and hit.read_text().strip()):
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.5)
+        os.kill(int(hit.read_text()), signal.SIGKILL)  # the seed's process, mid-trial
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:]
+    assert "1 finished, 0 failed" in out
+    outcome_uri = raw["tracking"]["uri"]
+    client = MlflowClient(outcome_uri)
+    exp = client.get_experiment_by_name(raw["tracking"]["experiment"])
+    runs = client.search_runs([exp.experiment_id])
+    kinds = sorted(r.data.tags.get(TAG_KIND, "") for r in runs)
+    assert kinds == ["seed", "seed", "study", "trial"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    for r in runs:
+        if r.data.tags[TAG_KIND] == "seed":
+            steps = [m.step for m in client.get_metric_history(r.info.run_id, "epoch")]
+            assert sorted(steps) == [1, 2, 3], steps
+    db = next((tmp_path / "studies").rglob("optuna.db"))
+    (study,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
+    trials = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}").trials
+    assert [t.state.name for t in trials] == ["COMPLETE"]
