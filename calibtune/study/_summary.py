@@ -25,7 +25,7 @@ import optuna
 from calibtune.metrics import keys as K
 from calibtune.study._config import StudyConfig
 from calibtune.study._curves import objective_curves
-from calibtune.study._optuna import persist_ended, quiet_optuna
+from calibtune.study._optuna import open_optuna_study, persist_ended, quiet_optuna, recorded_ids
 from calibtune.study._results import (
     StudyRef,
     compare_table,
@@ -216,9 +216,11 @@ def refresh_summary(
     try:
         storage = rdb_storage(optuna_storage) if optuna_storage else None
         if storage is not None and ended:
-            metric, ids = study.search.objectives[0].metric, [e[0] for e in ended]
-            curves = objective_curves(uri, exp_id, parent_run_id, metric, ids)
-            persist_ended(study, storage, list(ended), curves)
+            known = recorded_ids(open_optuna_study(study, storage))
+            new = [e for e in ended if e[0] not in known]  # the end of a run passes them all
+            metric, ids = study.search.objectives[0].metric, [e[0] for e in new]
+            curves = objective_curves(uri, exp_id, parent_run_id, metric, ids) if ids else {}
+            persist_ended(study, storage, new, curves)
         if not tables:
             return None
         # only the importances figure reads the Optuna study
