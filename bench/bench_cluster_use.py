@@ -14,13 +14,15 @@ training time (``wall_time_s`` of its saved result), and from them
     ideal makespan = Σ seed-run times / slots,   busy = ideal makespan / study wall
 
 (busy ≥ 0.9 ⇔ wall ≤ 1.1 × ideal; the issue's target is wall ≤ 1.2 × ideal, busy ≥ 0.83);
-``busy_by_run_spans`` counts each seed run's whole MLflow span (opened to closed) instead.
+``busy_by_run_spans`` counts each seed run's whole MLflow span (opened to closed) instead;
+``busy_by_run_spans_after_startup`` the same from the first seed run's start to the last one's
+end (``startup_s``: the study's start-up before it: Ray's worker processes and their imports).
 Everything runs on this machine's real cores whatever ``--slots`` says: with more slots than
 cores the seed runs slow each other down, which the seed-run times include, so the ratio still
 measures how full the slots were, not how fast the machine is.
 
 Usage: python bench/bench_cluster_use.py [--checkout PATH] [--slots 4] [--epochs 2]
-    [--max-concurrent N|auto] [--json OUT]
+    [--max-concurrent N|auto] [--json OUT] [--keep DIR]
 (--checkout: run another checkout's code, e.g. a clean clone of the previous commit.)
 """
 
@@ -82,14 +84,15 @@ def seed_times(storage: Path) -> list[float]:
     ]
 
 
-def seed_spans(uri: str, experiment_id: str) -> list[float]:
-    """Each seed run's MLflow span (its run opened to closed: setup, training, final logging)."""
+def seed_spans(uri: str, experiment_id: str) -> list[tuple[float, float]]:
+    """Each seed run's MLflow span (opened to closed: setup, training, final logging), in
+    seconds since the epoch."""
     from mlflow.tracking import MlflowClient
 
     from calibtune.study._tracking import TAG_KIND
 
     runs = MlflowClient(uri).search_runs([experiment_id], f"tags.`{TAG_KIND}` = 'seed'")
-    return [(r.info.end_time - r.info.start_time) / 1000 for r in runs if r.info.end_time]
+    return [(r.info.start_time / 1000, r.info.end_time / 1000) for r in runs if r.info.end_time]
 
 
 def main() -> int:
@@ -99,6 +102,9 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--max-concurrent", default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument(
+        "--keep", type=Path, default=None, help="keep the study's folder and store here"
+    )
     args = ap.parse_args()
     checkout = args.checkout.resolve()
     sys.path.insert(0, str(checkout))
@@ -116,11 +122,13 @@ def main() -> int:
 
     assert Path(sys.modules["calibtune"].__file__).is_relative_to(checkout), "calibtune"
 
-    with tempfile.TemporaryDirectory(prefix="bench-cluster-use-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-cluster-use-") as tmp_dir:
+        tmp = str(args.keep or tmp_dir)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         path = Path(tmp) / "study.yaml"
         path.write_text(study_yaml(args.epochs, mc))
         init_ray(num_cpus=args.slots, verbose=False)
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         outcome = run_study(
             path, storage=Path(tmp) / "runs", tracking_uri=f"sqlite:///{tmp}/mlflow.db", verbose=0
         )
@@ -129,6 +137,8 @@ def main() -> int:
         times = seed_times(Path(tmp) / "runs")
         spans = seed_spans(f"sqlite:///{tmp}/mlflow.db", outcome.experiment_id)
     ideal = sum(times) / args.slots
+    busy = sum(b - a for a, b in spans)
+    first, last = min(a for a, _ in spans), max(b for _, b in spans)
     out = {
         "checkout": str(checkout),
         "max_concurrent": mc,
@@ -142,7 +152,11 @@ def main() -> int:
         "wall_over_ideal": round(wall / ideal, 3) if ideal else None,
         "busy": round(ideal / wall, 3) if wall else None,
         # the same with each seed run's whole MLflow span (its setup and logging too)
-        "busy_by_run_spans": round(sum(spans) / args.slots / wall, 3) if wall else None,
+        "busy_by_run_spans": round(busy / args.slots / wall, 3) if wall else None,
+        # before the first seed run opens (Ray's workers start, imports, the trials' runs)
+        "startup_s": round(first - started, 1),
+        # the same from the first seed run's start to the last one's end
+        "busy_by_run_spans_after_startup": round(busy / args.slots / (last - first), 3),
     }
     print(json.dumps(out, indent=1))
     if args.json:
