@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -349,19 +350,25 @@ class EpochReporter:
         failpoint("epoch_end", epoch)
         # val_shift/ keys exist on rank 0 only, and float metrics may differ in the last bits
         due = decided_on_rank0(t.world, self._due(epoch) if t.rank == 0 else None)
-        ckpt = self._checkpoint(epoch) if due else None
-        failpoint("after_checkpoint", epoch)
-        if t.rank == 0:
-            for cb in t.callbacks:
-                cb.on_epoch(epoch, metrics)
-        if t.via_tune:
-            from ray import tune
+        tmp = self._checkpoint(epoch) if due else None
+        try:
+            failpoint("after_checkpoint", epoch)
+            if t.rank == 0:
+                for cb in t.callbacks:
+                    cb.on_epoch(epoch, metrics)
+            if t.via_tune:
+                from ray import tune
 
-            tune.report(scalars(metrics))
-        else:
-            import ray.train
+                tune.report(scalars(metrics))
+            else:
+                import ray.train
+                from ray.train import Checkpoint
 
-            ray.train.report(metrics, checkpoint=ckpt)
+                ckpt = None if tmp is None else Checkpoint.from_directory(tmp)
+                ray.train.report(metrics, checkpoint=ckpt)
+        finally:  # Ray copied it to the run's storage within `report`
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
     def _due(self, epoch: int) -> bool:
         """Whether this epoch checkpoints: every ``train.checkpoint_every`` epochs, the last,
@@ -371,9 +378,10 @@ class EpochReporter:
         best = ev.select_epoch == "best" and is_new_best(t.history, ev.select_metric)
         return not (epoch % t.cfg.train.checkpoint_every) or epoch == t.cfg.train.epochs or best
 
-    def _checkpoint(self, epoch: int) -> Any:
+    def _checkpoint(self, epoch: int) -> str | None:
         """Write this epoch's checkpoint (a collective: every rank calls it at the same epochs);
-        with workers return it for Ray to persist."""
+        with workers return the temporary folder it is in, for Ray to persist (the caller
+        removes it after the report)."""
         t = self.t
         rngs = _gather_rngs(t.world, t.device)
         if t.rank != 0:
@@ -389,11 +397,9 @@ class EpochReporter:
             save_state(epoch_dir(root, epoch), epoch=epoch, history=t.history, rngs=rngs, **state)
             prune_local_checkpoints(root, t.cfg.train.keep_checkpoints, _kept(t, root))
             return None
-        from ray.train import Checkpoint
-
         tmp = tempfile.mkdtemp(prefix="calibtune-ckpt-")
         save_state(tmp, epoch=epoch, history=t.history, rngs=rngs, **state)
-        return Checkpoint.from_directory(tmp)
+        return tmp
 
 
 def _kept(t: _Trial, root: Path) -> set[int] | None:
