@@ -67,3 +67,37 @@ def test_worker_mode_removes_its_temporary_checkpoint_folder_after_the_report(
             assert fails
     assert seen == [True, True]  # the checkpoint was there while Ray copied it
     assert list(tmpdir.glob("calibtune-ckpt-*")) == []
+
+
+class _TuneTrial:
+    """What `_trial_error` reads of a Tune trial: ``get_error()``."""
+
+    def __init__(self, error: Any) -> None:
+        self.error = error
+
+    def get_error(self) -> Any:
+        if isinstance(self.error, Exception) and str(self.error) == "unreadable":
+            raise self.error
+        return self.error
+
+
+def test_a_trials_error_reads_as_ray_2_60_returns_it() -> None:
+    """Ray 2.60's ``Trial.get_error`` returns its error file's text (a traceback, one entry per
+    failure): the line shown is the last failure's exception, not an AttributeError."""
+    import inspect
+
+    from ray.tune.experiment.trial import Trial
+
+    from calibtune.study._progress import _trial_error
+
+    assert ".decode()" in inspect.getsource(Trial.get_error)  # the text, as here
+    text = (
+        "Failure # 1 (occurred at 2026-11-27)\nTraceback (most recent call last):\n"
+        '  File "x.py", line 1\nray.exceptions.ActorDiedError: The actor died\n\n'
+        "Failure # 2 (occurred at 2026-11-27)\nTraceback (most recent call last):\n"
+        '  File "y.py", line 2\nValueError: loss became NaN at epoch 3\n'
+    )
+    assert _trial_error(_TuneTrial(text)) == "ValueError: loss became NaN at epoch 3"
+    assert _trial_error(_TuneTrial(RuntimeError("boom"))) == "RuntimeError: boom"
+    for missing in (None, "", "\n", RuntimeError("unreadable")):
+        assert _trial_error(_TuneTrial(missing)) == "the trial's process failed (no details)"

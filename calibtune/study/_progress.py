@@ -185,11 +185,19 @@ def _child(payload: StudyPayload, trial_id: str) -> Any | None:
 
 
 def _trial_error(trial: Any) -> str:
-    try:  # Ray's pickled error may be empty when the disk filled up while writing it
+    """Tune's record of a failed trial's error, in one line: Ray 2.60's ``Trial.get_error``
+    returns the text of its error file (a traceback), older ones an exception."""
+    from calibtune.study._scheduling import error_line
+
+    try:  # Ray's error file may be empty when the disk filled up while writing it
         err = trial.get_error()
     except Exception:
         err = None
-    return failure_reason(err) if err is not None else "the trial's process failed (no details)"
+    if isinstance(err, BaseException):
+        return failure_reason(err)
+    if err and str(err).strip():
+        return error_line(str(err).split("Failure # ")[-1])
+    return "the trial's process failed (no details)"
 
 
 def _failure(payload: StudyPayload, trial: Any) -> str:
