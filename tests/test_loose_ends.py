@@ -101,3 +101,53 @@ def test_a_trials_error_reads_as_ray_2_60_returns_it() -> None:
     assert _trial_error(_TuneTrial(RuntimeError("boom"))) == "RuntimeError: boom"
     for missing in (None, "", "\n", RuntimeError("unreadable")):
         assert _trial_error(_TuneTrial(missing)) == "the trial's process failed (no details)"
+
+
+def test_the_status_line_shows_slots_used_of_available() -> None:
+    from calibtune.study._display import Counts, status_line
+
+    line = status_line(Counts(3, 2, 0, 8), "val/ece", 0.02134, 65.0, (4, 4))
+    assert line == (
+        "trials 3 done, 2 running, 0 failed of 8 | slots 4/4 | best val/ece 0.0213 | "
+        "1:05 elapsed, ETA 1:48"
+    )
+    assert "slots" not in status_line(Counts(3, 2, 0, 8), "val/ece", None, 65.0, None)
+
+
+def test_slots_are_read_from_the_cluster_at_most_every_few_seconds() -> None:
+    """Each reading is two GCS reads: drawn every second (or at every trial's end), the line
+    reuses the last one for ``every_s``; an unreadable cluster leaves the slots out."""
+    from calibtune.study._display import SlotReading
+
+    now = [100.0]
+    reads: list[float] = []
+
+    def read() -> tuple[int, int]:
+        reads.append(now[0])
+        if now[0] >= 120:
+            raise ConnectionError("GCS gone")
+        return (len(reads), 4)
+
+    slots = SlotReading(read, every_s=5.0, clock=lambda: now[0])
+    seen = []
+    for t in (100.0, 101.0, 104.9, 105.0, 106.0, 120.0, 121.0):
+        now[0] = t
+        seen.append(slots())
+    assert reads == [100.0, 105.0, 120.0]
+    assert seen == [(1, 4), (1, 4), (1, 4), (2, 4), (2, 4), None, None]
+    now[0] = 50.0  # a clock behind the last reading (unpickled in another process): re-read
+    slots()
+    assert reads[-1] == 50.0
+
+
+def test_without_a_connected_ray_the_line_goes_on_without_slots() -> None:
+    import ray
+
+    from calibtune.study._config import study_from_text
+    from calibtune.study._display import study_slots
+
+    if ray.is_initialized():
+        pytest.skip("a Ray session of another test is connected")
+    study = study_from_text("name: s\nlosses: [cross_entropy]", "s")
+    assert study_slots(study)() is None
+    assert not ray.is_initialized()  # reading the slots never starts a Ray

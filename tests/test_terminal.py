@@ -119,8 +119,8 @@ def _read_pty(fd: int, proc: subprocess.Popen, timeout: float) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_live_status_line_on_a_real_terminal(tmp_path):
-    """On a TTY the live line (``trials … of 2 | best … | … elapsed, ETA …``) is redrawn in
-    place and erased before every other line, so the finished output reads clean."""
+    """On a TTY the live line (``trials … of 2 | slots … | best … | … elapsed, ETA …``) is
+    redrawn in place and erased before every other line, so the finished output reads clean."""
     study = _study_file(tmp_path, "tpe")
     calibtune = Path(sys.executable).parent / "calibtune"
     leader, follower = pty.openpty()
@@ -137,7 +137,8 @@ def test_live_status_line_on_a_real_terminal(tmp_path):
     live = re.findall(r"\r\x1b\[K(trials \d+ done, \d+ running, \d+ failed of 2 \| [^\r\n]*)", raw)
     assert live, raw[-3000:]
     assert re.fullmatch(
-        r"trials \d done, \d running, 0 failed of 2 \| best val/ece (n/a|\d\.\d{4}) \| "
+        r"trials \d done, \d running, 0 failed of 2 \| slots \d+/\d+ \| "
+        r"best val/ece (n/a|\d\.\d{4}) \| "
         r"\d+:\d\d elapsed, ETA (\?|\d+:\d\d)",
         live[-1],
     ), live[-1]

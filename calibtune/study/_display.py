@@ -25,10 +25,13 @@ __all__ = [
     "QUIET_ENV",
     "Counts",
     "EpochLines",
+    "SlotReading",
     "clear_line",
     "live_display",
     "quiet_output",
+    "slots_text",
     "status_line",
+    "study_slots",
     "train_progress",
 ]
 
@@ -50,18 +53,72 @@ def _clock(seconds: float) -> str:
     )
 
 
-def status_line(c: Counts, metric: str, best: float | None, elapsed: float) -> str:
-    """``trials 3 done, 2 running, 0 failed of 8 | best val/ece 0.0213 | 1:05 elapsed, ETA 1:44``.
+def status_line(
+    c: Counts,
+    metric: str,
+    best: float | None,
+    elapsed: float,
+    slots: tuple[int, int] | None = None,
+) -> str:
+    """``trials 3 done, 2 running, 0 failed of 8 | slots 4/4 | best val/ece 0.0213 | 1:05
+    elapsed, ETA 1:44`` (``slots`` used/available: `SlotReading`; left out when unknown).
 
     ETA = elapsed / ended x (N - ended): the mean time per ended trial so far, as trials run
-    with the same concurrency; unknown ("?") until one trial has ended."""
+    with the same concurrency; unknown ("?") until one trial has ended.
+
+    >>> status_line(Counts(1, 2, 0, 4), "val/ece", None, 30.0, (2, 2))[:56]
+    'trials 1 done, 2 running, 0 failed of 4 | slots 2/2 | be'
+    """
     ended = c.done + c.failed
     eta = "?" if ended == 0 else _clock(elapsed / ended * max(c.total - ended, 0))
     shown = "n/a" if best is None else f"{best:.4f}"
     return (
         f"trials {c.done} done, {c.running} running, {c.failed} failed of {c.total} | "
-        f"best {metric} {shown} | {_clock(elapsed)} elapsed, ETA {eta}"
+        f"{slots_text(slots)}best {metric} {shown} | {_clock(elapsed)} elapsed, ETA {eta}"
     )
+
+
+def slots_text(slots: tuple[int, int] | None) -> str:
+    """``"slots 3/4 | "`` for 3 of 4 slots in use; ``""`` when unknown."""
+    return "" if slots is None else f"slots {slots[0]}/{slots[1]} | "
+
+
+class SlotReading:
+    """The cluster's slots in use and available (``read()``, e.g.
+    `calibtune.study._concurrency.slot_usage`: two reads of the cluster's state), re-read at
+    most every ``every_s`` seconds however often a line is drawn; ``None`` while unreadable."""
+
+    def __init__(
+        self,
+        read: Any,
+        every_s: float = 5.0,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self.read, self.every_s, self.clock = read, every_s, clock
+        self.at: float | None = None
+        self.value: tuple[int, int] | None = None
+
+    def __call__(self) -> tuple[int, int] | None:
+        now = self.clock()
+        # a reading unpickled from another process (Tune's state on `resume`) is re-read
+        if self.at is None or not 0 <= now - self.at < self.every_s:
+            self.at = now
+            try:
+                self.value = tuple(self.read())  # type: ignore[assignment]
+            except Exception:  # Ray gone or not yet up: the line goes on without it
+                self.value = None
+        return self.value
+
+
+def study_slots(study: Any) -> SlotReading:
+    """A `SlotReading` of ``study``'s slots on the connected Ray cluster."""
+
+    def read() -> tuple[int, int]:
+        from calibtune.study._concurrency import slot_usage  # imports Ray
+
+        return slot_usage(study)
+
+    return SlotReading(read)
 
 
 #: the environment of a quiet study's processes (a local Ray's workers inherit it; a cluster's
@@ -171,7 +228,10 @@ def live_display(study: Any) -> Any:
             self.last = now
             c = _counts(trials, study.search.num_samples)
             best = _best(trials, objective.metric, objective.mode)
-            sys.stdout.write(_CLEAR + status_line(c, objective.metric, best, now - self.start))
+            if getattr(self, "slots", None) is None:  # set on first use
+                self.slots = study_slots(study)
+            line = status_line(c, objective.metric, best, now - self.start, self.slots())
+            sys.stdout.write(_CLEAR + line)
             sys.stdout.flush()
 
         def on_experiment_end(self, trials, **info):  # type: ignore[override]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune.study._config import StudyConfig
-from calibtune.study._display import clear_line, live_display
+from calibtune.study._display import clear_line, live_display, slots_text, study_slots
 from calibtune.study._results import mark_feasibility
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
@@ -324,9 +324,12 @@ def _progress(
 
         def _tail(self, trials: list[Any], trial: Any) -> str:
             best = "n/a" if self.best is None else f"{self.best:.4f}"
+            if getattr(self, "slots", None) is None:  # set on first use; read every 5 s at most
+                self.slots = study_slots(study)
             return (
                 f"finished {self.done}, failed {self.failed} of {study.search.num_samples}, "
-                f"running {self._running(trials, trial)} | best {objective.metric} {best}"
+                f"running {self._running(trials, trial)} | {slots_text(self.slots())}"
+                f"best {objective.metric} {best}"
             )
 
         def on_trial_complete(self, iteration, trials, trial, **info):  # type: ignore[override]
