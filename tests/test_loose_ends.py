@@ -151,3 +151,35 @@ def test_without_a_connected_ray_the_line_goes_on_without_slots() -> None:
     study = study_from_text("name: s\nlosses: [cross_entropy]", "s")
     assert study_slots(study)() is None
     assert not ray.is_initialized()  # reading the slots never starts a Ray
+
+
+LATE_RESULT = """
+import sys
+if sys.argv[1] == "quiet":
+    from calibtune.study._display import quiet_output
+    quiet_output()
+from ray import tune
+from ray.tune.search.optuna import OptunaSearch
+searcher = OptunaSearch({"lr": tune.uniform(0.0, 1.0)}, metric="m", mode="min", seed=1)
+searcher.suggest("t1")
+searcher.on_trial_complete("t1", {"m": 0.5, "training_iteration": 3})
+searcher.on_trial_result("t1", {"m": 0.4, "training_iteration": 4, "config": {"big": 1}})
+import logging
+logging.getLogger("ray.tune.search.optuna.optuna_search").warning("another warning")
+"""
+
+
+@pytest.mark.parametrize("mode", ["quiet", "verbose"])
+def test_a_late_result_of_a_finished_trial_is_not_printed_unless_verbose(mode: str) -> None:
+    """OptunaSearch warns with the whole result dict for each result Tune replays on `resume`
+    of a trial it already completed: quiet, that warning is dropped, no other."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", LATE_RESULT, mode],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert "another warning" in out.stderr, out.stderr
+    late = "Received additional result for trial t1" in out.stderr
+    assert late == (mode == "verbose"), out.stderr

@@ -135,15 +135,28 @@ def quiet_output() -> None:
     also ``MLFLOW_LOGGING_LEVEL``, which Ray's local workers inherit) or Optuna (study
     created), no MLflow progress bars (`QUIET_ENV`), no "Failed to fetch metrics" from Tune's
     analysis of a restored study (it reads Tune's own result files of trials that never
-    started; the study's results are MLflow's), and no Optuna "step=N is already reported"
+    started; the study's results are MLflow's), no Optuna "step=N is already reported"
     (a retried trial reports its epochs again; Optuna keeps the first value, as calibtune's
-    MLflow curve does); once Ray is imported, the cluster's error reports one line each
-    (`_one_line_ray_errors`)."""
+    MLflow curve does) nor OptunaSearch's "additional result … already finished" with its
+    whole result (`_AlreadyFinished`; Tune replays them on ``resume``); once Ray is imported,
+    the cluster's error reports one line each (`_one_line_ray_errors`)."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     for key, value in QUIET_ENV.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", message=r".*`step=\d+` is already reported")
+    searcher = logging.getLogger("ray.tune.search.optuna.optuna_search")
+    if not any(isinstance(f, _AlreadyFinished) for f in searcher.filters):
+        searcher.addFilter(_AlreadyFinished())
     _one_line_ray_errors()
+
+
+class _AlreadyFinished(logging.Filter):
+    """Drops OptunaSearch's "Received additional result for trial …, but it already finished.
+    Result: {…}" (the whole result dict, once per late result): on `resume` Tune replays the
+    results of trials the searcher already completed; Optuna keeps what it had."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Received additional result for trial")
 
 
 def _one_line_ray_errors() -> None:
