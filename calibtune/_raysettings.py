@@ -15,9 +15,15 @@ passes them in the job's ``runtime_env``. A value the user set is always respect
   failure (Ray marks a worker dead after
   ``RAY_TRAIN_WORKER_HEALTH_CHECK_TIMEOUT_S``, 10 min, of hanging, and a dead actor at once),
   so dead-worker detection is unchanged (tests/test_faults.py, tests/test_cluster_ddp.py).
-- ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0``: one actor process less per trial (it polls Ray's
-  node-drain state for spot-instance preemption; calibtune recovers a lost node through
-  ``scaling.max_failures`` and ``resume`` instead). Set it to 1 on autoscaling spot clusters.
+- ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER``: ``1`` (Ray's default) on a cluster
+  (`train_runtime_env`), ``0`` on a local Ray (`apply_train_env`). The watcher is one actor per
+  worker group (``num_cpus=0``) polling the GCS's draining nodes every 5 s; on a preemption
+  notice (a drain with reason PREEMPTION) Ray Train's controller keeps the healthy ranks
+  training until the node's deadline (120 s when the notice gives none), then restarts the
+  group from its last checkpoint, charged to ``FailureConfig.max_preemption_failures``
+  (unlimited), not to ``scaling.max_failures``; a node that dies without notice is retried by
+  Tune (``search.max_failures``, calibtune.study._scheduling). A local Ray is never preempted:
+  there the watcher would only cost a process start per trial (bench/bench_raytrain.py).
 - ``RAY_TRAIN_METRICS_ENABLED=0``: Train's Prometheus metrics (controller and worker callbacks);
   calibtune records its own metrics in MLflow, and no Ray dashboard runs by default.
 
@@ -45,7 +51,7 @@ alone:
   (``RunConfig.worker_runtime_env``) it moves the same import earlier in a process that is busy
   importing from its start to its first epoch anyway. Not used (not measured).
 - Ray 2.60 has no setting that removes the cleaner, the synchronisation actor or the dataset
-  manager; the preemption watcher (above) is the one optional actor.
+  manager; the preemption watcher (above, off on a local Ray) is the one optional actor.
 - The raylet starts at most as many worker processes at once as the node has CPUs (its
   ``maximum_startup_concurrency``, computed from the CPU count, no setting): on 2 cores the
   Train worker waits for the cleaner or the synchronisation actor to register first.
@@ -56,7 +62,7 @@ from __future__ import annotations
 import json
 import os
 
-__all__ = ["TRAIN_ENV", "apply_train_env", "train_runtime_env"]
+__all__ = ["CLUSTER_TRAIN_ENV", "TRAIN_ENV", "apply_train_env", "train_runtime_env"]
 
 # set by Ray's job manager in a submitted job's driver (ray._private.runtime_env.constants)
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -67,23 +73,29 @@ TRAIN_ENV: dict[str, str] = {
     "RAY_TRAIN_METRICS_ENABLED": "0",
 }
 
+#: on a cluster of spot or preemptible nodes Ray Train's preemption handling is wanted
+CLUSTER_TRAIN_ENV: dict[str, str] = {**TRAIN_ENV, "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "1"}
 
-def apply_train_env() -> dict[str, str]:
-    """Set `TRAIN_ENV` in this process's environment where the user has not; return the values
-    in effect. Call before ``ray.init`` so that a local Ray's workers inherit them.
+
+def apply_train_env(cluster: bool = False) -> dict[str, str]:
+    """Set `TRAIN_ENV` (``cluster``: `CLUSTER_TRAIN_ENV`) in this process's environment where
+    the user has not; return the values in effect. Call before ``ray.init`` so that a local
+    Ray's workers inherit them (Ray Train also propagates them from the process that calls
+    ``TorchTrainer.fit``: the first call in a process decides).
 
     >>> key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
     >>> apply_train_env()[key] == os.environ[key]
     True
     """
-    for key, value in TRAIN_ENV.items():
+    for key, value in (CLUSTER_TRAIN_ENV if cluster else TRAIN_ENV).items():
         os.environ.setdefault(key, value)
     return {key: os.environ[key] for key in TRAIN_ENV}
 
 
 def train_runtime_env() -> dict[str, dict[str, str]]:
     """``runtime_env`` for a client of an existing cluster (its raylets do not see this process's
-    environment): the values `apply_train_env` puts in effect and, where this process is quiet
+    environment): the values ``apply_train_env(cluster=True)`` puts in effect (the preemption
+    watcher on) and, where this process is quiet
     (`calibtune.study._display.QUIET_ENV` set), the quiet settings, less any key a Ray Job's own
     ``runtime_env`` already sets (Ray refuses a driver that sets the same variable again).
 
@@ -95,5 +107,5 @@ def train_runtime_env() -> dict[str, dict[str, str]]:
     job = json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}") or "{}")
     taken = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
     quiet = {k: os.environ[k] for k in QUIET_ENV if k in os.environ}
-    env = {**apply_train_env(), **quiet}
+    env = {**apply_train_env(cluster=True), **quiet}
     return {"env_vars": {k: v for k, v in env.items() if k not in taken}}

@@ -53,3 +53,19 @@ def test_ray_reads_the_variables_calibtune_sets() -> None:
     assert C.METRICS_ENABLED_ENV_VAR in TRAIN_ENV
     assert C.HEALTH_CHECK_INTERVAL_S_ENV_VAR in C.ENV_VARS_TO_PROPAGATE
     assert C.ENABLE_PREEMPTION_WATCHER_ENV_VAR in C.ENV_VARS_TO_PROPAGATE
+
+
+def test_preemption_handling_is_on_for_a_cluster_and_off_for_a_local_ray(
+    clean_env: pytest.MonkeyPatch,
+) -> None:
+    """Issue 29: cluster runs with Ray Train's preemption watcher (Ray's default); a local Ray,
+    which is never preempted, without its extra actor per trial; a user's value wins."""
+    import os
+
+    key = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
+    assert train_runtime_env()["env_vars"][key] == "1"
+    assert os.environ[key] == "1"  # Train propagates it from the process that calls fit
+    clean_env.delenv(key)
+    assert apply_train_env()[key] == "0"
+    clean_env.setenv(key, "0")
+    assert train_runtime_env()["env_vars"][key] == "0"
