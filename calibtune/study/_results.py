@@ -35,6 +35,7 @@ from calibtune.study._tracking import (
     TAG_T_GRID_ENDS,
     TAG_TRIAL,
     _client,
+    find_run_values,
     find_runs,
     mlflow_metric_name,
     resolve_tracking_uri,
@@ -83,28 +84,25 @@ def locate_study(
 
 def trials_frame(ref: StudyRef, include_unfinished: bool = False) -> pd.DataFrame:
     """One row per trial (child run): ids, status, loss, params and final metrics."""
-    runs = find_runs(
-        ref.tracking_uri,
-        ref.experiment_id,
-        f"tags.`{PARENT}` = '{ref.parent_run_id}' and tags.`{TAG_KIND}` = 'trial'",
-    )
+    tags = {PARENT: ref.parent_run_id, TAG_KIND: "trial"}
+    runs = find_run_values(ref.tracking_uri, ref.experiment_id, tags)
     rows = []
     for r in runs:
-        status = r.data.tags.get(TAG_STATUS, "unknown")
+        status = r.tags.get(TAG_STATUS, "unknown")
         if not include_unfinished and status != "finished":
             continue
         row: dict[str, Any] = {
-            "trial_id": r.data.tags.get(TAG_TRIAL),
-            "run_id": r.info.run_id,
+            "trial_id": r.tags.get(TAG_TRIAL),
+            "run_id": r.run_id,
             "status": status,
-            "reason": r.data.tags.get(TAG_ERROR, ""),
-            "start_time": r.info.start_time,  # ms since the epoch (trial order)
-            "run_name": r.info.run_name or "",
-            "tag:feasible": r.data.tags.get(TAG_FEASIBLE, ""),
+            "reason": r.tags.get(TAG_ERROR, ""),
+            "start_time": r.start_time,  # ms since the epoch (trial order)
+            "run_name": r.run_name,
+            "tag:feasible": r.tags.get(TAG_FEASIBLE, ""),
         }
-        for k, v in r.data.params.items():
+        for k, v in r.params.items():
             row[k if k in ("loss", "loss_label") else f"param:{k}"] = _parse_param(v)
-        for k, v in r.data.metrics.items():
+        for k, v in r.metrics.items():
             row[K.from_mlflow(k)] = v
         row.update(data_columns(r))  # data lineage: `data:<context>`
         rows.append(row)
