@@ -67,7 +67,12 @@ def _record_collectives(dist: Any, log: list[str]) -> None:
 
 def _stand_in_for_ray_train(rank: int, world: int, dist: Any, log: list[str]) -> None:
     """Ray Train's worker API over the process group (the controller and its storage are not
-    what is tested here): a report is a barrier, as in Ray Train 2."""
+    what is tested here): a report is a barrier, as in Ray Train 2, and keeps a copy of the
+    checkpoint's folder (Ray uploads it to storage before `report` returns; the worker then
+    removes its own)."""
+    import shutil
+    import tempfile
+
     import ray.train
     import ray.train.torch
     from torch.nn.parallel import DistributedDataParallel
@@ -79,7 +84,10 @@ def _stand_in_for_ray_train(rank: int, world: int, dist: Any, log: list[str]) ->
         log.append("report")
         barrier()
         if checkpoint is not None:
-            reported.append(SimpleNamespace(metrics=dict(metrics), checkpoint=checkpoint))
+            kept = Path(tempfile.mkdtemp(prefix="reported-")) / "checkpoint"
+            shutil.copytree(checkpoint.path, kept)
+            copy = ray.train.Checkpoint.from_directory(str(kept))
+            reported.append(SimpleNamespace(metrics=dict(metrics), checkpoint=copy))
 
     ctx = SimpleNamespace(get_world_rank=lambda: rank, get_world_size=lambda: world)
     ray.train.get_context = lambda: ctx

@@ -584,8 +584,15 @@ class ChildRun:
 
     def fail(self, reason: str, detail: str = "") -> None:
         """Mark the run failed with a short ``reason`` tag and the full ``detail`` as
-        ``error.txt`` (failed trials are results too)."""
+        ``error.txt`` (failed trials are results too). A full disk (ENOSPC in either) is not
+        the trial's failure: the run stays unfinished and `resume` continues it, also when Tune
+        requeues the trial and the study stops before telling its callbacks
+        (`reopen_interrupted` for the trials they are told of)."""
+        from calibtune.study._diskfull import disk_full_text
+
         assert self.run_id is not None
+        if disk_full_text(reason) or disk_full_text(detail):
+            return
         record_failure(self.uri, self.run_id, reason, detail)
 
 
