@@ -36,7 +36,7 @@ from calibtune.study._extend import (
 from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
-from calibtune.study._results import grid_ends
+from calibtune.study._results import grid_ends, mark_feasibility
 from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
 from calibtune.study._tracking import (
@@ -90,6 +90,17 @@ def _tracking_uri(study: StudyConfig, sd: StudyDir, tracking_uri: str | None) ->
     existing = sd.read_state() if sd.state_file.is_file() else None
     recorded = existing.tracking_uri if existing else None
     return resolve_tracking_uri(tracking_uri or recorded or study.tracking.uri)
+
+
+def _final_feasibility(study: StudyConfig, payload: StudyPayload) -> str | None:
+    """Every finished trial's ``calibtune.feasible`` tag as judged at the study's end (None), or
+    the one-line warning of a store that refused it."""
+    ids = (payload.tracking_uri, payload.experiment_id, payload.parent_run_id)
+    try:
+        mark_feasibility(study.search.constraints, *ids)
+    except Exception as exc:
+        return f"[calibtune] warning: feasibility tags not updated ({exc!r:.200})"
+    return None
 
 
 def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
@@ -362,6 +373,8 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
         optuna_storage_url(study, sd),
         ended=ended,
     )
+    if full is None:  # the per-trial refreshes write these at most every few seconds
+        warning = warning or _final_feasibility(study, payload)
     for line in (warning, retries_note(sd.local_scratch(), payload.tracking_uri, counts["failed"])):
         if line:
             print(line, flush=True)
