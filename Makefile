@@ -34,8 +34,9 @@ format: $(STAMP)
 # The full suite, slow tests included (CI runs exactly this): the fast tests, then the slow ones
 # (real Ray clusters, killed drivers, browsers), each part on two pytest-xdist workers sharing out
 # the work units of tests/conftest.py (longest first), then the few `serial` tests (wall-clock
-# bounds) alone in one process. Every part runs even if an earlier one fails; the exit status is
-# non-zero if any did. `make test XDIST=` runs it all in one process.
+# bounds; Ray's fake autoscaler, whose `ray stop` ends every Ray) alone in one process. Every
+# part runs even if an earlier one fails; the exit status is non-zero if any did.
+# `make test XDIST=` runs it all in one process.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
 

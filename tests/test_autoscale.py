@@ -6,11 +6,12 @@ with ``--wait-for-resources`` the study waits with a status line, refuses in one
 wait expires, and trains once a node that holds the trial joins (the cluster grew). Without it
 (no autoscaler) it refuses at once, as before.
 
-Ray's fake autoscaler (``ray.cluster_utils.AutoscalingCluster``) is not used: with ray 2.60.0
-from PyPI its ``start`` reads ``autoscaler/_private/fake_multi_node/example.yaml``, which the
-wheel does not ship, and runs ``ray stop --force``, which would stop every Ray on the machine.
-A node joining during the wait is what an autoscaler does; the autoscaler's own part (its node
-types, `autoscaler_limits`) is checked by `test_an_autoscaler_that_cannot_grow_refuses_at_once`.
+Here a node joins during the wait by hand, as an autoscaler would add it. Ray's own autoscaler
+(its fake one, ``ray.cluster_utils.AutoscalingCluster``, no ``--wait-for-resources``) is tested
+in tests/test_fake_autoscaler.py, in the serial phase of ``make test``: its ``start`` and
+``shutdown`` run ``ray stop --force``, which stops every Ray of this user on the machine (and
+ray 2.60.0's wheel lacks the base config it reads, which that test supplies). An autoscaler
+whose node types cannot hold a trial: `test_an_autoscaler_that_cannot_grow_refuses_at_once`.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ __all__ = [
     "client_token_auth",
     "init_ray",
     "parse_duration",
+    "runs_node_types",
     "shortfall",
     "trial_demand",
     "wait_for_nodes",
@@ -140,12 +141,13 @@ LOG_EVERY_S = 15.0
 
 def autoscaler_limits() -> dict[str, float] | None:
     """What the connected cluster's autoscaler could grow it to (resource -> the most the
-    cluster can hold), from the node groups it publishes in the GCS (autoscaler v2: KubeRay,
-    the cluster launcher with ``RAY_enable_autoscaler_v2=1``), when one of them can grow; None
-    otherwise: a local Ray, a fixed cluster, or an autoscaler that publishes no node groups (the
-    v1 one — ``ray start --head`` runs it on every cluster, read-only — for which
-    ``--wait-for-resources`` says the cluster will grow). Ray Data reads the same
-    (``is_autoscaling_enabled``)."""
+    cluster can hold), from the node groups it publishes in the GCS (as Ray Data reads them,
+    ``is_autoscaling_enabled``), when one of them can grow; ``{}`` (it can grow, to what is not
+    known) when Ray's v1 autoscaler runs with node types of its own (`runs_node_types`: the
+    cluster launcher, KubeRay's v1 autoscaler, ``ray.cluster_utils.AutoscalingCluster``), which
+    publishes the nodes it runs but not the node types it could add; None otherwise: a local
+    Ray, a fixed cluster (``ray start --head`` runs the v1 autoscaler read-only), or an
+    autoscaler that publishes neither (``--wait-for-resources`` says the cluster will grow)."""
     import ray
     from ray._private import state
 
@@ -154,16 +156,41 @@ def autoscaler_limits() -> dict[str, float] | None:
     try:
         config = state.state.get_cluster_config()
         groups = list(config.node_group_configs) if config else []
-        if not any(
+        if any(
             g.max_count == -1 or g.max_count > g.min_count
             for g in groups
             if g.resources and g.max_count != 0
         ):
-            return None
-        limits = state.state.get_max_resources_from_cluster_config() or {}
-        return {k: float(v) for k, v in limits.items()}
+            limits = state.state.get_max_resources_from_cluster_config() or {}
+            return {k: float(v) for k, v in limits.items()}
+        return {} if runs_node_types(_v1_status()) else None
     except Exception:  # pragma: no cover - another Ray version: no autoscaler known
         return None
+
+
+def _v1_status() -> dict[str, Any]:
+    """The v1 autoscaler's last status (what ``ray status`` prints), {} when there is none."""
+    import json
+
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    raw = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    return json.loads(raw) if raw else {}
+
+
+def runs_node_types(status: Mapping[str, Any]) -> bool:
+    """Whether the v1 autoscaler's status (``__autoscaling_status`` in the GCS) names node types
+    of a cluster config: its read-only mode, which cannot launch a node, names each node's type
+    after the node (``node_<id>``).
+
+    >>> runs_node_types({"autoscaler_report": {"node_type_mapping": {"ab01": "node_ab01"}}})
+    False
+    >>> runs_node_types({"autoscaler_report": {"node_type_mapping": {"ab01": "ray.head.default"}}})
+    True
+    """
+    types = (status.get("autoscaler_report") or {}).get("node_type_mapping") or {}
+    return any(kind != f"node_{node}" for node, kind in types.items())
 
 
 def trial_demand(study: Any) -> list[dict[str, float]]:
