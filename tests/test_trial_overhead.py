@@ -49,6 +49,9 @@ def _plain_final(val, val_y, test, test_y, posthoc, ood, n_bins=15):
         out.update(report(probs(m, test).double(), test_y, name, "test"))
         out.update(report(probs(m, val).double(), val_y, name, "val"))
         out.update({K.posthoc_key(name, k): float(v) for k, v in m.params().items()})
+        if name in ("ts", "focal_ts"):  # grid fits: T at the grid's first or last value
+            edge = m.T in (min(m.temperatures), max(m.temperatures))
+            out[K.posthoc_key(name, K.T_AT_EDGE)] = float(edge)
     ts = build_posthoc("ts").fit(val, val_y)
     for item in ood:
         for method in K.OOD_METHODS:

@@ -9,6 +9,7 @@ Grammar (every part matches ``[A-Za-z0-9][A-Za-z0-9_-]*``: no ``.``, ``@`` or ``
     shift/<set>[/s<severity>]/<name>[@<method>]       calibration on a corrupted test set
     val_shift/<set>[/s<severity>]/<name>[@<method>]   … on the validation split corrupted alike
     posthoc/<method>/<param>                 a fitted post-hoc parameter (posthoc/ts/T)
+    posthoc/<method>/T_at_edge               1 when that T lies at an end of its search range
     study/<name>                             a study's counters on its parent run
     … any of the above + "_std"              seed standard deviation of a multi-seed study
     … any of the above + "_ci_low"/"_ci_high" bootstrap confidence interval (test samples)
@@ -70,6 +71,7 @@ __all__ = [
     "SHIFT_METRICS",
     "SHIFT_SPLITS",
     "SPLITS",
+    "T_AT_EDGE",
     "MetricKey",
     "adaptive_summary",
     "best_key",
@@ -112,6 +114,9 @@ RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time", "samples_per_s")
 GPU_KEYS = ("gpu_util", "gpu_mem_gib")
 #: the epoch whose model the final evaluation used (``eval.select_epoch: best``)
 SELECTED_EPOCH = "selected_epoch"
+#: ``posthoc/<method>/T_at_edge``: 1.0 when the fitted T lies at an end of the range its fit
+#: searched (`calibtune.posthoc.t_at_edge`), 0.0 inside it; a multi-seed trial logs the share
+T_AT_EDGE = "T_at_edge"
 TRAIN_KEYS = ("loss", "error")  # running averages over the epoch's training batches
 ADAPTIVE_LISTS = ("gammas", "edges", "gap")  # one element per validation bin
 #: per-epoch summaries of the adaptive state (`adaptive_summary`): what MLflow gets by default

@@ -21,12 +21,15 @@ validation split serves every method. Methods are named through the `POSTHOC` re
 ``isotonic``        `IsotonicCalibration` — one-vs-rest isotonic, renormalised; may change argmax
 ==================  ===========================================================================
 
+`t_at_edge` says whether a fitted temperature lies at an end of the range its fit searched
+(`t_range`); trials log it as ``posthoc/<method>/T_at_edge``.
 ``preserves_argmax`` (a class attribute) says whether a method keeps the predicted class.
 """
 
 from ._affine import DirichletCalibration, MatrixScaling, VectorScaling
 from ._base import PosthocCalibrator
 from ._binning import HistogramBinning, IsotonicCalibration
+from ._edges import T_AT_EDGE, fitted_values, t_at_edge, t_range
 from ._ets import EnsembleTemperatureScaling
 from ._focal import (
     DEFAULT_FOCAL_TEMPERATURES,
@@ -49,6 +52,7 @@ __all__ = [
     "DEFAULT_TEMPERATURES",
     "POSTHOC",
     "TEMPERATURE_GRIDS",
+    "T_AT_EDGE",
     "DirichletCalibration",
     "EnsembleTemperatureScaling",
     "FocalTemperatureScaling",
@@ -60,7 +64,10 @@ __all__ = [
     "TemperatureScaling",
     "VectorScaling",
     "build_posthoc",
+    "fitted_values",
     "focal_calibration_map",
     "list_posthoc",
     "refinement_nll",
+    "t_at_edge",
+    "t_range",
 ]

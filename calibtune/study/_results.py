@@ -347,23 +347,33 @@ def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
 
 
 def grid_ends(posthoc: Any) -> dict[str, tuple[float, float]]:
-    """(first, last) T of each grid-fitted post-hoc method of a trial's ``eval.posthoc``.
+    """(lowest, highest) T each post-hoc method of a trial's ``eval.posthoc`` can choose
+    (`calibtune.posthoc.t_range`: a grid's ends, the continuous NLL search's bounds).
 
     >>> grid_ends({"ts": {"criterion": "ece"}, "focal_ts": {}, "spline": {}})
     {'ts': (0.1, 10.0), 'focal_ts': (0.01, 5.0)}
     """
-    from calibtune.posthoc import build_posthoc
+    from calibtune.posthoc import build_posthoc, t_range
 
     out = {}
     for name, params in posthoc.items():
-        temps = getattr(build_posthoc(name, **dict(params or {})), "temperatures", None)
-        if temps is not None and len(temps):
-            out[name] = (float(min(temps)), float(max(temps)))
+        ends = t_range(build_posthoc(name, **dict(params or {})))
+        if ends is not None:
+            out[name] = ends
     return out
 
 
-def _edge_mark(method: str, t: Any, ends: dict[str, tuple[float, float]]) -> str:
-    """The mark "⚠" when the fitted ``t`` of ``method`` is at an end of its grid, else ""."""
+def _edge_mark(
+    method: str, t: Any, ends: dict[str, tuple[float, float]], row: pd.Series | None = None
+) -> str:
+    """The mark "⚠" when the fitted ``t`` of ``method`` is at an end of its search range, else "".
+
+    The trial's own ``posthoc/<method>/T_at_edge`` decides where it was logged (a multi-seed
+    trial logs the share of its seeds at an edge: any share > 0 is marked); runs from before
+    that metric fall back to comparing ``t`` with ``ends`` (the study's ``t_grid_ends`` tag)."""
+    flag = None if row is None else row.get(K.posthoc_key(method, K.T_AT_EDGE))
+    if flag is not None and not _missing(flag):
+        return "⚠" if float(flag) > 0 else ""
     if method not in ends or _missing(t):
         return ""
     return "⚠" if any(math.isclose(float(t), e, rel_tol=1e-9) for e in ends[method]) else ""
@@ -380,7 +390,7 @@ def _report_row(
         if post:
             val = _pct(best.get(post))
             row[f"{title} (TS)"] = (
-                f"{val:.2f} ({t:.1f}{_edge_mark('ts', t, ends)})"
+                f"{val:.2f} ({t:.1f}{_edge_mark('ts', t, ends, best)})"
                 if isinstance(t, float) and not math.isnan(t)
                 else f"{val:.2f}"
             )
@@ -389,7 +399,7 @@ def _report_row(
     for method in _methods(best):  # equal-mass ECE and NLL after every other method
         key = next((k for k in best.index if k.startswith(f"posthoc/{method}/")), None)
         param = None if key is None else best[key]
-        mark = _edge_mark(method, param, ends) if key and key.endswith("/T") else ""
+        mark = _edge_mark(method, param, ends, best) if key and key.endswith("/T") else ""
         shown = "" if param is None or _missing(param) else f" ({param:.2f}{mark})"
         ada = _pct(best.get(K.key("test", "adaece", method)))
         row[f"AdaECE ({method})"] = f"{ada:.2f}{shown}"

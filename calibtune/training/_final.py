@@ -19,7 +19,7 @@ from torch import Tensor
 from calibtune import metrics as M
 from calibtune.metrics import calibration_report, reliability_table
 from calibtune.metrics import keys as K
-from calibtune.posthoc import build_posthoc
+from calibtune.posthoc import build_posthoc, fitted_values
 from calibtune.training._shift import ShiftLogits, shift_metrics
 from calibtune.training._uncertainty import selective_metrics, uncertainty_metrics
 
@@ -103,7 +103,8 @@ def evaluate_final(
 
     Metric names: ``test/<m>`` (uncalibrated, from logits), ``test/<m>@<method>``,
     ``val/<m>@<method>`` (fitted and scored on validation: what a study may select on),
-    ``posthoc/<method>/<param>``; ``ood/<key>/{auroc,aupr,fpr95}`` (entropy score),
+    ``posthoc/<method>/<param>`` (with ``T_at_edge`` where T was searched in a bounded range:
+    `calibtune.posthoc.fitted_values`); ``ood/<key>/{auroc,aupr,fpr95}`` (entropy score),
     ``ood/<key>/{auroc,aupr,fpr95}_msp``, each also with ``@ts`` after temperature scaling;
     ``[val_]shift/<set>[/s<k>]/<m>[@<method>]`` for ``shift`` (`calibtune.training._shift`);
     ``{val,test}/{aurc,augrc,refinement_nll}[@<method>]`` and, with ``bootstrap`` resamples,
@@ -126,7 +127,7 @@ def evaluate_final(
         out.metrics.update(_report(probs, test_labels, n_bins, name))
         scored[("test", name)], scored[("val", name)] = probs, _probs(method, val_logits)
         out.metrics.update(_report(scored[("val", name)], val_labels, n_bins, name, "val"))
-        fitted = {k: float(v) for k, v in method.params().items()}
+        fitted = fitted_values(method)
         out.posthoc_params[name] = fitted
         out.metrics.update({K.posthoc_key(name, k): v for k, v in fitted.items()})
         out.reliability[name] = _table(probs, test_labels, n_bins)

@@ -14,7 +14,7 @@ import torch
 
 from calibtune import data as D
 from calibtune.metrics import keys as K
-from calibtune.posthoc import POSTHOC, build_posthoc
+from calibtune.posthoc import POSTHOC, build_posthoc, fitted_values
 
 if TYPE_CHECKING:
     from calibtune.trial._config import TrialConfig
@@ -37,7 +37,7 @@ def _param_names(method: str, params: tuple[tuple[str, Any], ...]) -> tuple[str,
     g = torch.Generator().manual_seed(0)
     logits = 3 * torch.randn(20, 2, generator=g)
     labels = torch.randint(0, 2, (20,), generator=g)
-    return tuple(build_posthoc(method, **given).fit(logits, labels).params())
+    return tuple(fitted_values(build_posthoc(method, **given).fit(logits, labels)))
 
 
 def ood_sources(cfg: TrialConfig) -> list[str]:
