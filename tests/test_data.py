@@ -158,7 +158,14 @@ def stack(dataset: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor
 
 
 def test_registry_lists_every_dataset() -> None:
-    assert list_datasets() == ["cifar10", "cifar100", "digits", "mnist1d", "tiny_imagenet"]
+    assert list_datasets() == [
+        "cifar10",
+        "cifar100",
+        "digits",
+        "mnist1d",
+        "mnist1d_10x",
+        "tiny_imagenet",
+    ]
     assert list_datasets() == DATASETS.names()
 
 
@@ -610,6 +617,25 @@ def test_mnist1d_splits_and_rng_hygiene() -> None:
     assert torch.equal(s.test.tensors[0], t.test.tensors[0])
     assert not torch.equal(s.val.tensors[0], t.val.tensors[0])
     assert s.train.tensors[1].max() == 9 and s.train.tensors[1].min() == 0
+
+
+def test_mnist1d_10x_has_the_sizes_of_a_setting_whose_numbers_are_not_noise() -> None:
+    """Issue 31 item 6: ≥ 5,000 validation and ≥ 10,000 test signals, 10× the generator's size."""
+    s = load_splits("mnist1d_10x", seed=3, val_fraction=0.125)
+    assert (len(s.train), len(s.val), len(s.test)) == (35_000, 5_000, 10_000)
+    assert (s.num_classes, s.input_shape, s.augment, s.name) == (10, (1, 40), None, "mnist1d_10x")
+    pool = torch.cat([s.train.tensors[1], s.val.tensors[1]]).numpy()
+    share = 0.125 * np.bincount(pool)  # stratified: each class within one of its 12.5 %
+    assert np.abs(np.bincount(s.val.tensors[1].numpy()) - share).max() < 1
+    x = torch.cat([s.train.tensors[0], s.val.tensors[0], s.test.tensors[0]])
+    assert x.mean().item() == pytest.approx(0.0, abs=1e-4)
+    assert x.std().item() == pytest.approx(1.0, abs=1e-3)
+    small = load_splits("mnist1d", seed=3)  # a different draw, not the small set repeated
+    assert not torch.equal(s.test.tensors[0][:1000], small.test.tensors[0])
+    t = load_splits("mnist1d_10x", seed=4, val_fraction=0.125)
+    assert torch.equal(s.test.tensors[0], t.test.tensors[0])
+    assert not torch.equal(s.val.tensors[0], t.val.tensors[0])
+    assert dataset_shape("mnist1d_10x") == (1, 40)
 
 
 def test_shapes_are_known_without_loading() -> None:
