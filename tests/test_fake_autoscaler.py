@@ -167,6 +167,7 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
     # the cluster's sessions under the test's own root, not the machine's /tmp/ray
     root = tempfile.mkdtemp(prefix="fa", dir="/tmp")  # short: socket paths are limited
     monkeypatch.setenv("RAY_TMPDIR", root)
+    monkeypatch.setattr(tempfile, "tempdir", root)  # where `start` writes the config it passes
     cluster = _fake_cluster_class()(
         head_resources={"CPU": 1, "object_store_memory": 150 * MIB},
         worker_node_types={
