@@ -53,6 +53,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDIES = {
     "mnist1d": ROOT / "studies/results/mnist1d.yaml",
     "digits": ROOT / "studies/results/digits.yaml",
+    "mnist1d_large": ROOT / "studies/results/mnist1d_large.yaml",
 }
 STORAGE = ROOT / "runs/results"
 PAGE = ROOT / "docs/results.md"
@@ -170,7 +171,8 @@ class Claim:
 
 
 def _ood(dataset: str) -> str:
-    return {"mnist1d": "ood/mnist1d_far/auroc", "digits": "ood/digits_far/auroc"}[dataset]
+    far = {"mnist1d": "mnist1d_far", "mnist1d_large": "mnist1d_far", "digits": "digits_far"}
+    return f"ood/{far[dataset]}/auroc"
 
 
 def claims(dataset: str) -> list[Claim]:

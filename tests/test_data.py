@@ -163,7 +163,7 @@ def test_registry_lists_every_dataset() -> None:
         "cifar100",
         "digits",
         "mnist1d",
-        "mnist1d_10x",
+        "mnist1d_large",
         "tiny_imagenet",
     ]
     assert list_datasets() == DATASETS.names()
@@ -619,23 +619,23 @@ def test_mnist1d_splits_and_rng_hygiene() -> None:
     assert s.train.tensors[1].max() == 9 and s.train.tensors[1].min() == 0
 
 
-def test_mnist1d_10x_has_the_sizes_of_a_setting_whose_numbers_are_not_noise() -> None:
-    """Issue 31 item 6: ≥ 5,000 validation and ≥ 10,000 test signals, 10× the generator's size."""
-    s = load_splits("mnist1d_10x", seed=3, val_fraction=0.125)
-    assert (len(s.train), len(s.val), len(s.test)) == (35_000, 5_000, 10_000)
-    assert (s.num_classes, s.input_shape, s.augment, s.name) == (10, (1, 40), None, "mnist1d_10x")
+def test_mnist1d_large_has_the_sizes_of_a_setting_whose_numbers_are_not_noise() -> None:
+    """Issue 31 item 6: ≥ 5,000 validation and ≥ 10,000 test signals, 6× the generator's size."""
+    s = load_splits("mnist1d_large", seed=3, val_fraction=0.25)
+    assert (len(s.train), len(s.val), len(s.test)) == (15_000, 5_000, 10_000)
+    assert (s.num_classes, s.input_shape, s.augment, s.name) == (10, (1, 40), None, "mnist1d_large")
     pool = torch.cat([s.train.tensors[1], s.val.tensors[1]]).numpy()
-    share = 0.125 * np.bincount(pool)  # stratified: each class within one of its 12.5 %
+    share = 0.25 * np.bincount(pool)  # stratified: each class within one of its 25 %
     assert np.abs(np.bincount(s.val.tensors[1].numpy()) - share).max() < 1
     x = torch.cat([s.train.tensors[0], s.val.tensors[0], s.test.tensors[0]])
     assert x.mean().item() == pytest.approx(0.0, abs=1e-4)
     assert x.std().item() == pytest.approx(1.0, abs=1e-3)
     small = load_splits("mnist1d", seed=3)  # a different draw, not the small set repeated
     assert not torch.equal(s.test.tensors[0][:1000], small.test.tensors[0])
-    t = load_splits("mnist1d_10x", seed=4, val_fraction=0.125)
+    t = load_splits("mnist1d_large", seed=4, val_fraction=0.25)
     assert torch.equal(s.test.tensors[0], t.test.tensors[0])
     assert not torch.equal(s.val.tensors[0], t.val.tensors[0])
-    assert dataset_shape("mnist1d_10x") == (1, 40)
+    assert dataset_shape("mnist1d_large") == (1, 40)
 
 
 def test_shapes_are_known_without_loading() -> None:

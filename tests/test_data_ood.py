@@ -108,7 +108,7 @@ def test_severities_and_default_pairings() -> None:
     assert ood_severities("digits_far") is None
     assert default_ood("cifar10") == ["svhn", "cifar10c"]
     assert default_ood("digits") == ["digits_noise", "digits_far"]
-    assert default_ood("mnist1d") == ["mnist1d_far"] == default_ood("mnist1d_10x")
+    assert default_ood("mnist1d") == ["mnist1d_far"] == default_ood("mnist1d_large")
     assert default_ood("tiny_imagenet") == []
     for name in list_datasets():  # every default pairing is one its OOD set accepts
         for o in default_ood(name):

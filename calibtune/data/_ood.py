@@ -416,7 +416,7 @@ _DEFAULT_OOD: dict[str, tuple[str, ...]] = {
     "tiny_imagenet": (),
     "digits": ("digits_noise", "digits_far"),
     "mnist1d": ("mnist1d_far",),
-    "mnist1d_10x": ("mnist1d_far",),
+    "mnist1d_large": ("mnist1d_far",),
 }
 
 

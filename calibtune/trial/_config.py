@@ -91,10 +91,14 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     """``init``: ``auto`` (the network's authors' scheme, `calibtune.models.model_init`) or one of
-    `calibtune.models.INIT_SCHEMES`."""
+    `calibtune.models.INIT_SCHEMES`; ``params``: the network's own parameters as given (e.g.
+    ``{hidden: 512}`` for ``mlp``: `calibtune.models.list_models` documents them), validated
+    against the registry; the rest keep their defaults. ``num_classes`` and ``input_shape``
+    come from the data."""
 
     name: str = "mlp"
     init: str = "auto"
+    params: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -261,13 +265,23 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
     )
 
 
+_MODEL_FROM_DATA = {"num_classes", "input_shape"}
+
+
 def _model(d: Mapping[str, Any]) -> ModelConfig:
     check_keys(d, ModelConfig, "model")
     name = check_str(d.get("name", "mlp"), "model.name")
     if name not in _m.list_models():
         raise fail("model.name", "one of " + ", ".join(_m.list_models()), name)
     init = check_choice(d.get("init", "auto"), "model.init", ("auto", *_m.INIT_SCHEMES))
-    return ModelConfig(name=name, init=init)
+    params = dict(check_mapping(d.get("params"), "model.params"))
+    for key in _MODEL_FROM_DATA & set(params):
+        raise fail(f"model.params.{key}", "no value (it comes from the dataset)", params[key])
+    try:
+        resolved = _m.MODELS.get(name).resolve(**params)
+    except ValueError as e:
+        raise ValidationError(f"model.params: {cut(str(e), 200)}") from None
+    return ModelConfig(name=name, init=init, params={k: resolved[k] for k in params})
 
 
 def _loss(d: Mapping[str, Any]) -> LossConfig:

@@ -228,9 +228,13 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
         val_fraction=cfg.data.val_fraction,
     )
     net = precision.prepare(
-        build_model(cfg.model.name, splits.num_classes, splits.input_shape, init=cfg.model.init).to(
-            device
-        )
+        build_model(
+            cfg.model.name,
+            splits.num_classes,
+            splits.input_shape,
+            init=cfg.model.init,
+            **cfg.model.params,
+        ).to(device)
     )
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
     loss_fn = compile_loss(loss_fn, cfg.loss.compile, device)
