@@ -176,8 +176,10 @@ def _compare_rows(tmp: Path, sdir: Path) -> list[str]:
     [
         ("epoch_end:2", 1, 3, 0),  # during an epoch: computed, neither checkpointed nor logged
         ("after_checkpoint:2", 1, 3, 0),  # checkpointed, not yet logged nor reported
-        ("epoch_end:4", 2, 4, 0),  # epoch 3 logged but its checkpoint never written
-        ("final_eval", 1, 2, 1),  # the first trial done, the second in its final evaluation
+        # epoch 3 logged but its checkpoint never written
+        pytest.param("epoch_end:4", 2, 4, 0, marks=pytest.mark.long),
+        # the first trial done, the second in its final evaluation
+        pytest.param("final_eval", 1, 2, 1, marks=pytest.mark.long),
         ("trial_start", 1, 2, 1),  # the first trial done, the second's trainable just started
     ],
 )
@@ -402,7 +404,8 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
     [
         ("trial_start", False),  # the trial's own writes hit ENOSPC (its marker, checkpoints)
         ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk
-        ("before_start_save", False),  # the start record of trial 2, before it starts, hits it
+        # the start record of trial 2, before it starts, hits it
+        pytest.param("before_start_save", False, marks=pytest.mark.long),
     ],
 )
 def test_disk_filled_to_the_last_byte_mid_study_costs_nothing(tmp_path, point, mlflow_on_it):

@@ -35,7 +35,7 @@ def test_the_page_is_not_older_than_the_code_it_measures():
 
 def test_the_summary_is_what_the_committed_per_seed_numbers_give():
     studies = G.page_studies(CSV)
-    assert [s.dataset for s in studies] == ["mnist1d", "digits"]
+    assert [s.dataset for s in studies] == ["mnist1d", "digits", "mnist1d_large"]
     for s in studies:
         seeds = {len(v) for m in s.seeds.values() for v in m.values()}
         assert seeds == {5}, (s.dataset, seeds)
@@ -146,6 +146,38 @@ def test_tallies_and_the_bonferroni_list_carry_the_caveat():
     assert line.endswith("; ⚠ `focal_g3`).")
 
 
+def test_the_larger_scale_section_lists_the_verdicts_and_caveats_that_change():
+    """Issue 31.6: the same claims on mnist1d and mnist1d_large side by side; a verdict that
+    changes is listed, and so is a ⚠ that goes away (here: focal γ=3 no longer
+    under-confident)."""
+    small = _both_sides()
+    large = _both_sides()
+    large.dataset = "mnist1d_large"
+    large.seeds["focal_g3"] = {
+        "test/ece": [0.020, 0.021, 0.022, 0.023, 0.024],  # now above dual focal's ECE
+        "posthoc/ts/T": [1.1, 1.2, 1.1, 1.2, 1.1],
+    }
+    lines = G.render_scale([small, large])
+    assert lines[0] == "## A larger scale: which verdicts change (mnist1d → mnist1d_large)"
+    row = next(r for r in lines if "| dual focal has lower ECE than focal |" in r)
+    assert row.endswith("| reproduces (⚠ `focal_g3`) | reproduces | ⚠ gone |")
+    (tally,) = [r for r in lines if "verdicts change;" in r]
+    listed = lines[lines.index(tally) + 1 :]
+    assert tally.startswith("0 of ") and f"; {len(listed)} more change only their ⚠:" in tally
+    assert any(
+        r.startswith("- Tao et al. 2023: dual focal has lower ECE than focal (") for r in listed
+    )
+    assert not any("AdaFocal" in r for r in listed)  # no data on either side: unchanged
+    large.seeds["dual_focal"]["test/ece"] = [0.030, 0.031, 0.032, 0.033, 0.034]  # now worse
+    lines = G.render_scale([small, large])
+    row = next(r for r in lines if "| dual focal has lower ECE than focal |" in r)
+    assert row.endswith("| reproduces (⚠ `focal_g3`) | does not | verdict, ⚠ gone |")
+    (tally,) = [r for r in lines if "verdicts change;" in r]
+    assert re.match(r"1 of \d+ verdicts change; \d+ more change only their ⚠:", tally)
+    assert "CE no data; focal γ=3 T = 1.14, ECE 2.20 % (the paper" in lines[2]
+    assert G.render_scale([small]) == []  # one side missing: no section
+
+
 def test_a_temperature_at_the_end_of_its_grid_is_flagged_and_not_read():
     # issue 31.5: digits CE with T = 0.1 (the grid's minimum) in 2 of 5 seeds
     s = _both_sides(
@@ -204,7 +236,8 @@ def test_the_page_can_be_re_rendered_from_its_csv_without_training(tmp_path: Pat
     assert f"- Measured wall time of the studies: {timing}. " in again
     page.write_text(again)  # a second re-render notes itself once, not twice
     assert G.rerender(page, CSV, G.SEEDS_CSV_ALT).count("Page text re-rendered from") == 1
-    assert set(reports) == {"results_mnist1d", "results_digits"} and figures
+    assert set(reports) == {"results_mnist1d", "results_digits", "results_mnist1d_large"}
+    assert figures
 
 
 def test_summary_counts_recomputed_from_the_csv_with_scipy_t_tests():
@@ -218,7 +251,7 @@ def test_summary_counts_recomputed_from_the_csv_with_scipy_t_tests():
     text = PAGE.read_text()
     alt = G.page_studies(CSV)[0].alt is not None
     ps = []
-    for dataset in ("mnist1d", "digits"):
+    for dataset in ("mnist1d", "digits", "mnist1d_large"):
         part = frame[frame.dataset == dataset]
         tally: dict[str, list[int]] = {p: [0, 0, 0] for p in G.PAPERS}
         for c in G.claims(dataset):

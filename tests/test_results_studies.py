@@ -156,7 +156,7 @@ def _one_epoch_copy(path: Path, tmp: Path) -> Path:
 def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
     from calibtune.study import load_study, run_study
 
-    assert [p.name for p in STUDIES] == ["digits.yaml", "mnist1d.yaml"]
+    assert [p.name for p in STUDIES] == ["digits.yaml", "mnist1d.yaml", "mnist1d_large.yaml"]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     studies = []
     for path in STUDIES:
@@ -170,7 +170,9 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
         dataset = cfg.base_config().data.name
         studies.append(G.collect(dataset, copy, tmp_path / "studies", uri))
     figures = G.copy_figures(studies, tmp_path / "img")
-    page = G.render_page(studies, figures, {"digits": 1.0, "mnist1d": 2.0}, "make results", "")
+    page = G.render_page(
+        studies, figures, {"digits": 1.0, "mnist1d": 2.0, "mnist1d_large": 3.0}, "make results", ""
+    )
     for s in studies:
         assert set(s.seeds) == {c.label for c in s.config.losses}
         for label, m in s.seeds.items():
@@ -180,6 +182,7 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
     for c in G.claims("mnist1d"):
         assert c.claim in page
     assert "inconclusive" in page and "total 0.1 min" in page
+    assert "## A larger scale: which verdicts change (mnist1d → mnist1d_large)" in page
     # the per-seed CSV holds every number the Summary is rendered from
     assert G.write_seeds_csv(studies, tmp_path / "seeds.csv") == sum(len(s.seeds) for s in studies)
     back = G.read_seeds_csv(tmp_path / "seeds.csv")
