@@ -62,19 +62,30 @@ def _study(root: Path, trials: int) -> Path:
 
 
 class Sampler(threading.Thread):
-    """(wall s, trials finished, driver CPU s, RSS MiB) every 0.5 s."""
+    """(wall s, trials finished, driver CPU s, RSS MiB) every 0.5 s. The driver's CPU leaves out
+    this thread's own (``time.thread_time``), and a tick looks only at the trial folders not yet
+    finished: a glob of every folder per tick grew with N and was counted as the driver's."""
 
     def __init__(self, study_dir: Path) -> None:
         super().__init__(daemon=True)
         self.study_dir = study_dir
         self.samples: list[tuple[float, int, float, float]] = []
         self.stop = threading.Event()
+        self.own_cpu = 0.0  # this thread's CPU seconds, left out of the driver's
+
+    def _finished(self, done: set[str]) -> int:
+        trials = self.study_dir / "trials"
+        names = os.listdir(trials) if trials.is_dir() else []
+        done.update(n for n in names if n not in done and (trials / n / "result.json").exists())
+        return len(done)
 
     def run(self) -> None:
-        t0 = time.time()
+        t0, done = time.time(), set()
         while not self.stop.wait(0.5):
-            done = len(list(self.study_dir.glob("trials/*/result.json")))
-            self.samples.append((time.time() - t0, done, time.process_time(), rss_mib()))
+            own0 = time.thread_time()
+            n, rss = self._finished(done), rss_mib()
+            self.own_cpu += time.thread_time() - own0
+            self.samples.append((time.time() - t0, n, time.process_time() - self.own_cpu, rss))
 
 
 def _du(path: Path) -> float:
@@ -126,9 +137,10 @@ def main() -> int:
     rss0, cpu0, t0 = rss_mib(), time.process_time(), time.time()
     sampler.start()
     outcome = run_study(study, verbose=0)
-    wall, cpu = time.time() - t0, time.process_time() - cpu0
+    wall = time.time() - t0
     sampler.stop.set()
     sampler.join()
+    cpu = time.process_time() - cpu0 - sampler.own_cpu
     runs = MlflowClient(outcome.tracking_uri).search_runs(
         [outcome.experiment_id], "tags.`calibtune.kind` = 'trial'", max_results=50000
     )
@@ -143,6 +155,7 @@ def main() -> int:
     print("|---|" + "---|" * 10)
     print("| wall s / trial | " + " | ".join(f"{w:.2f}" for w, _ in tenths) + " |")
     print("| driver CPU s / trial | " + " | ".join(f"{c:.2f}" for _, c in tenths) + " |")
+    print("| driver CPU / wall (cores) | " + " | ".join(f"{c / w:.2f}" for w, c in tenths) + " |")
     print()
     rss = max((s[3] for s in sampler.samples), default=rss0)
     print(

@@ -7,6 +7,7 @@ and Optuna SQLite stores, no Ray; what is counted is what the stores hand back."
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,96 @@ def test_a_trial_start_does_not_save_the_whole_study(tmp_path: Path, monkeypatch
     assert few == many, (few, many)
     assert 1 <= first < 8  # the session's one full save holds the first; each later, its record
     assert max(many_sizes) < 1.5 * max(few_sizes)  # a record is the trial's state alone
+
+
+def _stub_trial(metrics: int) -> Any:
+    """A Tune trial (a stub: no trainable, no Ray) that reported ``metrics`` metrics twice."""
+    from ray.tune.experiment import Trial
+
+    trial = Trial("study_trainable", stub=True, config={"loss": "focal"})
+    for step in (1, 2):
+        result = {f"test/m{i}": i / step for i in range(metrics)} | {"val/ece": 0.1 / step}
+        trial.update_last_result(result | {"training_iteration": step})
+    return trial
+
+
+@pytest.mark.timeout(120)
+def test_a_finished_trial_keeps_the_objectives_summaries_only() -> None:
+    from calibtune.study._scheduling import make_scheduler
+
+    study = load_study("studies/quickstart.yaml")
+    (objective,) = [o.metric for o in study.search.objectives]
+    trial, marked = _stub_trial(200), []
+    trial.update_last_result(trial.last_result | {objective: 0.05, "training_iteration": 3})
+    before_json, last = len(trial.get_json_state()[1]), dict(trial.last_result)
+
+    class Controller:  # the controller's one call here: Tune's cached JSON rebuilt at a save
+        def _mark_trial_to_checkpoint(self, t: Any) -> None:
+            marked.append(t)
+
+    make_scheduler(study).on_trial_complete(Controller(), trial, last)
+    # the code before: every reported metric's min/max/mean/last-5/last-10 and their windows
+    assert set(trial.run_metadata.metric_analysis) == {objective}
+    assert set(trial.run_metadata.metric_n_steps) == {objective}
+    assert trial.last_result == last and marked == [trial]  # what `ResultGrid` reports stays
+    assert len(trial.get_json_state()[1]) < before_json / 5
+
+
+class _NoPass(list):
+    def __iter__(self) -> Any:
+        raise AssertionError("a pass over every trial")
+
+
+@pytest.mark.timeout(120)
+def test_the_next_trial_is_fifos_without_a_pass_over_every_trial() -> None:
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import FIFOScheduler
+
+    from calibtune.study._scheduling import first_waiting
+
+    trials = [_stub_trial(1) for _ in range(6)]
+    statuses = ["TERMINATED", "PAUSED", "TERMINATED", "PENDING", "PAUSED", "PENDING"]
+    for t, status in zip(trials, statuses, strict=True):
+        t.set_status(status)
+    found = []
+    for pending in (True, False):  # the first PENDING in the trials' order, else the first PAUSED
+        if not pending:
+            for t in trials:
+                t.set_status("TERMINATED" if t.status == "PENDING" else t.status)
+        controller = SimpleNamespace(
+            _pending_trials={t for t in trials if t.status == "PENDING"},
+            _paused_trials={t for t in trials if t.status == "PAUSED"},
+            get_trials=lambda: list(trials),
+        )
+        expected = FIFOScheduler().choose_trial_to_run(controller)
+        controller.get_trials = lambda: _NoPass(trials)
+        found.append(first_waiting(controller, None, controller))
+        assert found[-1] is expected
+    assert found == [trials[3], trials[1]]
+
+
+@pytest.mark.timeout(120)
+def test_tune_logs_each_result_once_and_a_state_pickled_before_keeps_its_loggers(
+    tmp_path: Path,
+) -> None:
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback, LoggerCallback
+    from ray.tune.utils.callback import _create_default_callbacks
+
+    from calibtune.study._search import _json_log_only, _tuner, study_dir
+
+    def loggers(tuner: Any) -> set[type]:
+        with _json_log_only(tuner):
+            given = list(tuner._local_tuner.get_run_config().callbacks or [])
+            made = _create_default_callbacks(given)
+        return {type(c) for c in made if isinstance(c, LoggerCallback)}
+
+    study = load_study("studies/quickstart.yaml")
+    payload = StudyPayload(study, "sqlite:///unused.db", "0", "parent", str(tmp_path / "trials"))
+    tuner = _tuner(study, study_dir(study, tmp_path), payload, [], 0)
+    # the code before: Tune's defaults, progress.csv and TensorBoard events beside result.json
+    assert loggers(tuner) == {JsonLoggerCallback}  # `ResultGrid.metrics_dataframe` reads it
+    old = tune.Tuner(lambda config: None, run_config=tune.RunConfig(storage_path=str(tmp_path)))
+    assert CSVLoggerCallback in loggers(old)  # no result.json of its own: Tune's defaults stay
+    assert "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS" not in os.environ

@@ -133,11 +133,14 @@ def _throttle(parent_run_id: str) -> FigureThrottle:
 
 def _tables(parent_run_id: str) -> FigureThrottle:
     """When a refresh rewrites the parent run's tables, best trial and feasibility tags, which
-    read every trial run of the study: at most every ``max(5 s, 10 × took)`` (a 1,000-trial
-    study's reads take seconds; per trial, the cost would grow with the trials already run,
-    issue 29). The trials that ended are recorded at every refresh (Optuna, learning curves:
-    only their own runs are read); the end of `run`/`resume` rewrites everything."""
-    return _TABLES.setdefault(parent_run_id, FigureThrottle(min_wait_s=5.0))  # (see `_worker`)
+    read every trial run of the study: at most every ``max(5 s, 30 × took)`` (a 1,000-trial
+    study's take seconds: every minute or so then). Per trial, their cost grows with the trials
+    already run until the factor caps it at ≈ 3 % of the driver's time: with 10, the cap was
+    10 %, and the driver's CPU per trial at 1,000 trials was still growing (issue 29,
+    bench/README.md). The trials that ended are recorded at every refresh (Optuna, learning
+    curves: only their own runs are read); the end of `run`/`resume` rewrites everything."""
+    throttle = FigureThrottle(min_wait_s=5.0, factor=30.0)
+    return _TABLES.setdefault(parent_run_id, throttle)  # (see `_worker`)
 
 
 def _register_figures(study_name: str, render: Callable[[], None]) -> None:
@@ -256,8 +259,8 @@ def _refresher(
             study, *ids, optuna_storage, ended=batch, figures=draw, tables=write
         )
         if warning is None:  # else the next refresh tries again
-            if write:
-                tables.drawn(time.monotonic() - t0)
+            if write:  # a drawing refresh's time is mostly its figures' (the first: imports)
+                tables.drawn(0.0 if draw else time.monotonic() - t0)
             if draw:
                 throttle.drawn(time.monotonic() - t0)
         if warning:

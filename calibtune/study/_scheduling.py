@@ -38,6 +38,8 @@ __all__ = [
     "DurableASHAScheduler",
     "DurableFIFOScheduler",
     "DurableStarts",
+    "compact_metadata",
+    "first_waiting",
     "make_scheduler",
     "retryable",
 ]
@@ -134,6 +136,18 @@ class DurableStarts:
     _saved_trials = 0  # trials in the controller at the last record (0 after a restore)
     _recorded: set[str] | None = None  # trial ids with a start record (None: not read yet)
     _doomed: dict[str, Any] | None = None  # requeued trials whose error was their own
+    #: metrics whose running summary a finished trial keeps (`compact_metadata`); None (a
+    #: scheduler pickled before it existed): every metric's, as Tune keeps them
+    kept_metrics: frozenset[str] | None = None
+
+    def on_trial_complete(self, tune_controller: Any, trial: Any, result: dict) -> None:
+        super().on_trial_complete(tune_controller, trial, result)  # type: ignore[misc]
+        if self.kept_metrics is not None:
+            compact_metadata(trial, self.kept_metrics)
+            controller = getattr(tune_controller, "_tune_controller", tune_controller)
+            mark = getattr(controller, "_mark_trial_to_checkpoint", None)
+            if mark is not None:  # Tune's cached JSON of the trial is rebuilt at its next save
+                mark(trial)
 
     def on_trial_error(self, tune_controller: Any, trial: Any) -> None:
         # Tune calls this when it gives a trial up (the trial still RUNNING) and, the trial
@@ -167,8 +181,8 @@ class DurableStarts:
         if len(trials) > self._saved_trials:
             failpoint("before_start_save")
             folder = starts_folder(controller)
-            try:
-                for trial in trials:
+            try:  # Tune appends new trials (a retried one moves to the end, recorded already)
+                for trial in trials[self._saved_trials :]:
                     if trial.trial_id not in self._recorded:
                         record_start(folder, trial)
                         self._recorded.add(trial.trial_id)
@@ -177,7 +191,7 @@ class DurableStarts:
                 raise
             self._check_full(controller)
             self._saved_trials = len(trials)
-        return super().choose_trial_to_run(tune_controller)  # type: ignore[misc]
+        return first_waiting(controller, super().choose_trial_to_run, tune_controller)
 
     @staticmethod
     def _check_full(controller: Any) -> None:
@@ -185,6 +199,36 @@ class DurableStarts:
             # Tune starts every pending trial after this call whatever it returns; an error
             # ends the step (and the run: `calibtune.study._diskfull`) before any starts
             raise StorageFullError(controller.experiment_path)
+
+
+def first_waiting(controller: Any, fallback: Any, facade: Any) -> Any:
+    """The trial Tune's FIFO choice (`FIFOScheduler.choose_trial_to_run`, ASHA's too) returns —
+    the first PENDING trial in the controller's order, else the first PAUSED — found among the
+    controller's pending and paused trials instead of a pass over every trial at every step of
+    the event loop; ``fallback(facade)`` (Tune's own) on a controller without those sets."""
+    pending = getattr(controller, "_pending_trials", None)
+    paused = getattr(controller, "_paused_trials", None)
+    if pending is None or paused is None:
+        return fallback(facade)
+    trials = controller.get_trials()
+    for waiting, status in ((pending, "PENDING"), (paused, "PAUSED")):
+        found = [t for t in waiting if t.status == status]
+        if found:  # ``list.index`` compares by identity first: a C loop, not a Python one
+            return min(found, key=trials.index)
+    return None
+
+
+def compact_metadata(trial: Any, keep: frozenset[str]) -> None:
+    """Drop a finished trial's running summaries (Tune's ``metric_analysis``: min, max, mean and
+    the last-5/10 means of every reported metric, with their windows) except ``keep``'s. Tune
+    writes every trial's into its experiment state at each save; with the ≈ 200 metrics a trial
+    reports they were 127 of a finished trial's 146 kB, so that each save and its upload grew by
+    that much per trial already run (issue 29, bench/README.md). Its last result
+    (what `ResultGrid` reports) stays, so do the kept metrics' summaries (`get_best_result` of
+    an objective)."""
+    meta = trial.run_metadata
+    meta.metric_analysis = {k: v for k, v in meta.metric_analysis.items() if k in keep}
+    meta.metric_n_steps = {k: v for k, v in meta.metric_n_steps.items() if k in keep}
 
 
 #: the study folder's record of trial starts: ``<round>/<trial id>.json`` per trial
@@ -261,12 +305,16 @@ class DurableASHAScheduler(DurableStarts, ASHAScheduler):
 
 def make_scheduler(study: StudyConfig) -> Any:
     """ASHA over ``training_iteration`` (= epochs) when ``search.scheduler: asha``, else FIFO;
-    both with `DurableStarts`."""
+    both with `DurableStarts`, a finished trial keeping the objectives' summaries only."""
+    scheduler: DurableStarts
     if study.search.scheduler != "asha":
-        return DurableFIFOScheduler()
-    epochs = study.base_config().train.epochs
-    return DurableASHAScheduler(
-        time_attr="training_iteration",
-        max_t=epochs,
-        grace_period=min(study.search.grace_period, epochs),
-    )
+        scheduler = DurableFIFOScheduler()
+    else:
+        epochs = study.base_config().train.epochs
+        scheduler = DurableASHAScheduler(
+            time_attr="training_iteration",
+            max_t=epochs,
+            grace_period=min(study.search.grace_period, epochs),
+        )
+    scheduler.kept_metrics = frozenset(o.metric for o in study.search.objectives)
+    return scheduler

@@ -179,11 +179,43 @@ def _tuner(
             name=study.name,
             storage_path=sd.root.ray_args()[0],
             failure_config=tune.FailureConfig(max_failures=study.search.max_failures),
-            callbacks=list(callbacks),  # Tune appends its own loggers to the list it gets
+            callbacks=[*callbacks, *_result_log()],  # Tune appends its loggers to this list
             verbose=verbose,
             storage_filesystem=sd.root.ray_args()[1],  # Tune's state where calibtune's is
         ),
     )
+
+
+def _result_log() -> list[Any]:
+    """Tune's per-trial ``result.json`` (what `ResultGrid`'s ``metrics_dataframe`` reads) and, by
+    `_json_log_only`, neither of its other default loggers (``progress.csv`` and TensorBoard
+    events: the ≈ 200 metrics of every report written twice more, and every file of every
+    trial copied again to the storage at each of Tune's state saves, issue 29)."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    return [JsonLoggerCallback()]
+
+
+@contextlib.contextmanager
+def _json_log_only(tuner: Any) -> Iterator[None]:
+    """Tune's default loggers off while ``tuner`` runs, when its callbacks log ``result.json``
+    (`_result_log`): a study that Tune pickled before then keeps the defaults on resume."""
+    from ray.tune.logger import JsonLoggerCallback
+
+    local = getattr(tuner, "_local_tuner", None)
+    callbacks = local.get_run_config().callbacks if local is not None else None
+    if not any(isinstance(c, JsonLoggerCallback) for c in callbacks or ()):
+        yield
+        return
+    old = os.environ.get("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS")
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", None)
+        else:
+            os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = old
 
 
 def run_study(
@@ -399,7 +431,7 @@ def _tune(tuner: Any, sd: StudyDir, payload: StudyPayload) -> tuple[Any, dict[st
     up under Tune) and the signal caught, if any; the parent run is KILLED on anything else."""
     from calibtune.study._diskfull import storage_full
 
-    with _graceful_signals() as caught:
+    with _graceful_signals() as caught, _json_log_only(tuner):
         try:
             return tuner.fit(), caught
         except Exception:
