@@ -205,5 +205,10 @@ def test_reading_names_the_partner_s_under_confidence_from_its_temperature():
     assert "not the paper's regime" in line
     (line,) = G.reading("Tao et al. 2023", [s])
     assert "under-confident here (T = 0.55)" in line
+    seeds["cross_entropy"]["posthoc/ts/T"] = [1.6, 1.6]  # over-confident CE, focal still under
+    (line,) = G.reading("Mukhoti et al. 2020", [s])
+    assert "CE is over-confident here as in the paper, but focal loss overshoots" in line
     seeds["focal_g3"]["posthoc/ts/T"] = [1.1, 1.1]
     assert G.reading("Tao et al. 2023", [s]) == []
+    (line,) = G.reading("Mukhoti et al. 2020", [s])
+    assert line.endswith("the same direction as the paper's temperatures.")
