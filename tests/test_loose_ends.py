@@ -3,6 +3,8 @@ read as Ray 2.60 gives it, the progress line's slots, Ray's warnings kept off a 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -140,17 +142,23 @@ def test_slots_are_read_from_the_cluster_at_most_every_few_seconds() -> None:
     assert reads[-1] == 50.0
 
 
+NO_RAY = """
+import ray
+from calibtune.study._config import study_from_text
+from calibtune.study._display import study_slots
+study = study_from_text("name: s\\nlosses: [cross_entropy]", "s")
+assert study_slots(study)() is None
+assert not ray.is_initialized()  # reading the slots never starts a Ray
+print("ok")
+"""
+
+
 def test_without_a_connected_ray_the_line_goes_on_without_slots() -> None:
-    import ray
-
-    from calibtune.study._config import study_from_text
-    from calibtune.study._display import study_slots
-
-    if ray.is_initialized():
-        pytest.skip("a Ray session of another test is connected")
-    study = study_from_text("name: s\nlosses: [cross_entropy]", "s")
-    assert study_slots(study)() is None
-    assert not ray.is_initialized()  # reading the slots never starts a Ray
+    # a fresh interpreter: another test of this process may have left a Ray session connected
+    run = subprocess.run(
+        [sys.executable, "-c", NO_RAY], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-2000:]
 
 
 LATE_RESULT = """
