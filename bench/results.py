@@ -645,7 +645,7 @@ def t_grids(config: Any = None) -> dict[str, tuple[float, float]]:
     >>> t_grids()["posthoc/ts/T"], t_grids()["posthoc/ts_fgrid/T"]
     ((0.1, 10.0), (0.01, 5.0))
     """
-    from calibtune.posthoc import build_posthoc
+    from calibtune.posthoc import build_posthoc, t_range
 
     if config is None:
         trial = {"ts": {"criterion": "ece"}, "focal_ts": {"criterion": "adaece"}}
@@ -654,9 +654,8 @@ def t_grids(config: Any = None) -> dict[str, tuple[float, float]]:
     methods = {k: (k, v) for k, v in trial.items()} | dict(REFITS)
     out = {}
     for name, (method, params) in methods.items():
-        temps = getattr(build_posthoc(method, **params), "temperatures", None)
-        if temps is not None and len(temps):
-            out[f"posthoc/{name}/T"] = (float(min(temps)), float(max(temps)))
+        if (ends := t_range(build_posthoc(method, **params))) is not None:
+            out[f"posthoc/{name}/T"] = ends
     return out
 
 
@@ -814,8 +813,9 @@ def render_scale(studies: Sequence[StudyData]) -> list[str]:
         f"| paper | claim | {SCALE_PAIR[0]} | {SCALE_PAIR[1]} | changes |",
         "|---|---|---|---|---|",
     ]
-    changed = []
+    changed, n_v = [], 0
     for (c, _, v0), (_, _, v1) in zip(*rows, strict=True):
+        n_v += v0.verdict != v1.verdict
         w0, w1 = _short_caveat(small, c), _short_caveat(large, c)
         cells = [f"{v.verdict}{f' ({w})' if w else ''}" for v, w in ((v0, w0), (v1, w1))]
         what = [
@@ -831,7 +831,6 @@ def render_scale(studies: Sequence[StudyData]) -> list[str]:
         lines.append(
             f"| {c.paper} | {c.claim} | {cells[0]} | {cells[1]} | {', '.join(what) or '—'} |"
         )
-    n_v = sum(r0[2].verdict != r1[2].verdict for r0, r1 in zip(*rows, strict=True))
     lines += [
         "",
         f"{n_v} of {len(rows[0])} verdicts change; {len(changed) - n_v} more change only their ⚠"

@@ -100,23 +100,25 @@ def test_bad_wait_duration_is_refused_in_one_line(tmp_path):
 # ------------------------------------------------------------------ a cluster that grows
 
 
-def _study(tmp: Path) -> Path:
+def _study(tmp: Path, name: str = "grows") -> Path:
+    """A one-trial study (in its own experiment ``name``) whose trial needs the custom resource
+    ``trainer_slot`` that only a node added later holds."""
     raw = {
-        "name": "grows",
+        "name": name,
         "trial": {
             "data": {"name": "digits"},
             "model": {"name": "mlp"},
             "train": {"epochs": 1, "batch_size": 64},
             "eval": {"posthoc": []},
-            # what only the node that joins later holds (a GPU node, faked by a resource)
+            # what only a node added later holds (a GPU node's GPU, faked by a resource)
             "scaling": {"num_workers": 0, "resources_per_worker": {"CPU": 1, "trainer_slot": 1}},
         },
         "losses": ["cross_entropy"],
         "search": {"sampler": "grid", "num_samples": 1, "objectives": [{"metric": "val/ece"}]},
-        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}"},
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
         "storage": str(tmp / "studies"),
     }
-    path = tmp / "grows.yaml"
+    path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path
 

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from calibtune.study._raycluster import runs_node_types
+from tests.test_autoscale import _study
 
 # ------------------------------------------------------------------ the autoscaler's status
 
@@ -127,29 +128,6 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
-def _study(tmp: Path) -> Path:
-    raw = {
-        "name": "fake_autoscaler",
-        "trial": {
-            "data": {"name": "digits"},
-            "model": {"name": "mlp"},
-            "train": {"epochs": 1, "batch_size": 64},
-            "eval": {"posthoc": []},
-            # what only the node type that the autoscaler may add holds (a GPU node's GPU)
-            "scaling": {"num_workers": 0, "resources_per_worker": {"CPU": 1, "trainer_slot": 1}},
-        },
-        "losses": ["cross_entropy"],
-        "search": {"sampler": "grid", "num_samples": 1, "objectives": [{"metric": "val/ece"}]},
-        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": "fake-autoscaler"},
-        "storage": str(tmp / "studies"),
-    }
-    path = tmp / "fake_autoscaler.yaml"
-    path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return path
-
-
-@pytest.mark.slow
-@pytest.mark.serial  # `ray stop --force` (AutoscalingCluster) stops every Ray of this user
 def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypatch):
     others = _other_ray_processes()
     if others and not _in_ci():
@@ -181,7 +159,7 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
     )
     # the fake provider starts its nodes against <this machine's address>:6379 (Ray's default)
     address = f"{get_node_ip_address()}:6379"
-    path = _study(tmp_path)
+    path = _study(tmp_path, "fake_autoscaler")
     try:
         cluster.start(override_env=auth)
         deadline = time.time() + 120
