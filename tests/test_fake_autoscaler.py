@@ -128,7 +128,14 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
+@pytest.mark.slow
+@pytest.mark.serial  # `ray stop --force` (AutoscalingCluster) stops every Ray of this user
 def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypatch):
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # its `ray stop` would kill the other worker's Ray
+        pytest.fail(
+            "expected to run alone (`-m serial`, no xdist: it runs `ray stop --force`), "
+            f"found xdist worker {os.environ['PYTEST_XDIST_WORKER']}"
+        )
     others = _other_ray_processes()
     if others and not _in_ci():
         pytest.skip(f"AutoscalingCluster runs `ray stop --force`, other Ray runs: {others[:4]}")
