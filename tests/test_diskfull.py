@@ -81,6 +81,72 @@ def test_a_failed_copy_keeps_the_last_complete_files_and_is_noted(tmp_path, monk
     assert (dst / "experiment_state.json").read_text() == "s" * 5000
 
 
+def _stamps(folder: Path) -> dict[str, tuple[int, int]]:
+    """Each file's inode and modification time, by path under ``folder``."""
+    files = (p for p in folder.rglob("*") if p.is_file())
+    return {str(p.relative_to(folder)): (p.stat().st_ino, p.stat().st_mtime_ns) for p in files}
+
+
+@pytest.mark.parametrize(
+    "new",
+    [b"a" * 4999 + b"b", b"b" + b"a" * 4999, b"a" * 6000, b"a" * 3000, b"", b"x"],
+    ids=["last-byte", "first-byte", "longer", "shorter", "empty", "other"],
+)
+def test_tunes_repeated_upload_rewrites_only_the_files_that_changed(tmp_path, new):
+    """Tune uploads its whole staging folder at every save; a file whose bytes are those already
+    stored is left as it is (no temp file, fsync or rename: the cost of a save at 1,000 trials),
+    any other one is replaced whole."""
+    src, dst = tmp_path / "staging", tmp_path / "storage"
+    fs = L.atomic_filesystem()
+    for i in range(3):
+        (src / f"t{i}").mkdir(parents=True)
+        (src / f"t{i}" / "result.json").write_bytes(b"a" * 5000)
+    pafs.copy_files(str(src), str(dst), destination_filesystem=fs)
+    before = _stamps(dst)
+    pafs.copy_files(str(src), str(dst), destination_filesystem=fs)
+    assert _stamps(dst) == before  # the same inodes, untouched
+
+    (src / "t1" / "result.json").write_bytes(new)
+    pafs.copy_files(str(src), str(dst), destination_filesystem=fs)
+    assert [(dst / f"t{i}" / "result.json").read_bytes() for i in range(3)] == [
+        b"a" * 5000,
+        new,
+        b"a" * 5000,
+    ]
+    after = _stamps(dst)
+    assert [k for k in after if after[k] != before[k]] == ["t1/result.json"]
+    assert _settled(dst) == ["result.json"] * 3 + ["t0", "t1", "t2"]
+
+
+def test_a_rewrite_that_parts_midway_keeps_the_shared_prefix_and_fails_like_any_write(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "state.json"
+    path.write_bytes(b"abcdef" * 1000)
+    w = L._AtomicWriter(str(path), skip_same=True)
+    for i in range(0, 3000, 600):  # equal so far: nothing written
+        w.write((b"abcdef" * 1000)[i : i + 600])
+    assert not list(tmp_path.glob(".*.tmp"))
+    w.write(b"XYZ")
+    w.write(b"!")
+    w.close()
+    assert path.read_bytes() == (b"abcdef" * 500) + b"XYZ!"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+    w = L._AtomicWriter(str(path), skip_same=True)  # dropped mid-way: the file stays
+    w.write(b"abc")
+    w.abort()
+    assert path.read_bytes() == (b"abcdef" * 500) + b"XYZ!" and w.closed
+
+    _enospc_after(monkeypatch, 100)  # the disk fills while the shared prefix is copied
+    w = L._AtomicWriter(str(path), skip_same=True)
+    w.write((b"abcdef" * 500)[:2000])
+    with pytest.raises(OSError, match="No space left on device"):
+        w.write(b"?")
+    assert path.read_bytes() == (b"abcdef" * 500) + b"XYZ!"
+    assert not list(tmp_path.glob(".*.tmp")) and D.storage_full(tmp_path)
+
+
 def test_the_file_system_pickles_and_reads_like_the_local_one(tmp_path):
     fs = pickle.loads(pickle.dumps(D.atomic_filesystem()))  # it travels in Tune's tuner.pkl
     assert fs == D.atomic_filesystem()
