@@ -2,13 +2,13 @@
 
 Runs an N-trial study of short trials (1 epoch of the embedded digits set, mlp, TS only, no
 figures, random sampler over focal's gamma, 2 at a time, local Ray) through
-`calibtune.study.run_study` in this process (the driver), sampling every 0.5 s the trials
-finished (Tune's ``result.json`` files), the driver's CPU time (``time.process_time``: this
-process only; the trials run in Ray's worker processes) and its resident memory. Reports, per
-tenth of the trials (by the order they finished): the wall time per trial and the driver's CPU
-per trial; then the driver's RSS, the MLflow and Optuna store sizes, the study folder (Tune's
-state, the start records), and the wall time of ``compare``, ``report`` and ``export`` on the
-finished study. Prints markdown for bench/README.md; exit 1 if a trial is missing in MLflow.
+`calibtune.study.run_study` in this process (the driver), sampling every 0.5 s the driver's
+CPU time (``time.process_time``: this process only; the trials run in Ray's worker processes)
+and its resident memory. Reports, per tenth of the trials (by the order they finished, from
+their MLflow runs' end times): the wall time per trial and the driver's CPU per trial; then the
+driver's RSS, the MLflow and Optuna store sizes, the study folder (Tune's state, the start
+records), and the wall time of ``compare``, ``report`` and ``export`` on the finished study.
+Prints markdown for bench/README.md; exit 1 if a trial is missing in MLflow.
 
 ``PYTHONPATH=/path/to/other/checkout python bench/bench_scale.py --trials 100`` measures another
 version of calibtune (the "before" of bench/README.md) with this same script.
@@ -17,6 +17,7 @@ version of calibtune (the "before" of bench/README.md) with this same script.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import subprocess
 import sys
@@ -62,30 +63,21 @@ def _study(root: Path, trials: int) -> Path:
 
 
 class Sampler(threading.Thread):
-    """(wall s, trials finished, driver CPU s, RSS MiB) every 0.5 s. The driver's CPU leaves out
-    this thread's own (``time.thread_time``), and a tick looks only at the trial folders not yet
-    finished: a glob of every folder per tick grew with N and was counted as the driver's."""
+    """(wall clock s, driver CPU s, RSS MiB) every 0.5 s. The driver's CPU leaves out this
+    thread's own (``time.thread_time``)."""
 
-    def __init__(self, study_dir: Path) -> None:
+    def __init__(self) -> None:
         super().__init__(daemon=True)
-        self.study_dir = study_dir
-        self.samples: list[tuple[float, int, float, float]] = []
+        self.samples: list[tuple[float, float, float]] = []
         self.stop = threading.Event()
         self.own_cpu = 0.0  # this thread's CPU seconds, left out of the driver's
 
-    def _finished(self, done: set[str]) -> int:
-        trials = self.study_dir / "trials"
-        names = os.listdir(trials) if trials.is_dir() else []
-        done.update(n for n in names if n not in done and (trials / n / "result.json").exists())
-        return len(done)
-
     def run(self) -> None:
-        t0, done = time.time(), set()
         while not self.stop.wait(0.5):
             own0 = time.thread_time()
-            n, rss = self._finished(done), rss_mib()
+            rss = rss_mib()
             self.own_cpu += time.thread_time() - own0
-            self.samples.append((time.time() - t0, n, time.process_time() - self.own_cpu, rss))
+            self.samples.append((time.time(), time.process_time() - self.own_cpu, rss))
 
 
 def _du(path: Path) -> float:
@@ -95,19 +87,30 @@ def _du(path: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1024**2
 
 
-def _tenths(samples: list[tuple[float, int, float, float]], n: int) -> list[tuple[float, float]]:
-    """(wall s per trial, driver CPU s per trial) over each tenth of the trials, from the first
-    trial's end (Ray's and the study's start-up left out)."""
-    out = []
+def _cpu_at(samples: list[tuple[float, float, float]], t: float) -> float:
+    """The driver's CPU seconds at wall-clock time ``t``, interpolated between samples."""
+    times = [s[0] for s in samples]
+    i = min(max(bisect.bisect_left(times, t), 1), len(times) - 1)
+    (t0, c0, _), (t1, c1, _) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+
+
+def _tenths(
+    samples: list[tuple[float, float, float]], ends: list[float]
+) -> list[tuple[float, float]]:
+    """(wall s per trial, driver CPU s per trial) over each tenth of the trials, between the
+    ends of its first and its last trial (their MLflow runs' end times: exact, where a count of
+    the trial folders in the storage moves only at Tune's uploads); the first trial's end is the
+    start (Ray's and the study's start-up left out)."""
+    n, out = len(ends), []
     for k in range(10):
         lo, hi = max(1, k * n // 10), (k + 1) * n // 10
-        a = next((s for s in samples if s[1] >= lo), None)
-        b = next((s for s in samples if s[1] >= hi), None)
-        if a is None or b is None or hi == lo or b[1] == a[1]:
+        if hi <= lo or len(samples) < 2:
             out.append((float("nan"), float("nan")))
             continue
-        k_trials = b[1] - a[1]
-        out.append(((b[0] - a[0]) / k_trials, (b[2] - a[2]) / k_trials))
+        ta, tb = ends[lo - 1], ends[hi - 1]
+        cpu = _cpu_at(samples, tb) - _cpu_at(samples, ta)
+        out.append(((tb - ta) / (hi - lo), cpu / (hi - lo)))
     return out
 
 
@@ -133,7 +136,7 @@ def main() -> int:
 
     study = load_study(_study(root, args.trials))
     sdir = root / "studies" / study.name
-    sampler = Sampler(sdir)
+    sampler = Sampler()
     rss0, cpu0, t0 = rss_mib(), time.process_time(), time.time()
     sampler.start()
     outcome = run_study(study, verbose=0)
@@ -145,7 +148,8 @@ def main() -> int:
         [outcome.experiment_id], "tags.`calibtune.kind` = 'trial'", max_results=50000
     )
     finished = [r for r in runs if r.data.tags.get("calibtune.status") == "finished"]
-    tenths = _tenths(sampler.samples, args.trials)
+    ends = sorted(r.info.end_time / 1000 for r in finished if r.info.end_time)
+    tenths = _tenths(sampler.samples, ends)
     times = {cmd: _timed([cmd, str(sdir)]) for cmd in ("compare", "report")}
     times["export"] = _timed(["export", str(sdir), "--top", "1", "--out", str(root / "best")])
     head = f"{args.label or 'run'}: {args.trials} trials, {wall:.0f} s wall"
@@ -153,11 +157,11 @@ def main() -> int:
     print()
     print("| tenth of the trials | " + " | ".join(str(k + 1) for k in range(10)) + " |")
     print("|---|" + "---|" * 10)
-    print("| wall s / trial | " + " | ".join(f"{w:.2f}" for w, _ in tenths) + " |")
-    print("| driver CPU s / trial | " + " | ".join(f"{c:.2f}" for _, c in tenths) + " |")
+    print("| wall s / trial | " + " | ".join(f"{w:.3f}" for w, _ in tenths) + " |")
+    print("| driver CPU s / trial | " + " | ".join(f"{c:.3f}" for _, c in tenths) + " |")
     print("| driver CPU / wall (cores) | " + " | ".join(f"{c / w:.2f}" for w, c in tenths) + " |")
     print()
-    rss = max((s[3] for s in sampler.samples), default=rss0)
+    rss = max((s[2] for s in sampler.samples), default=rss0)
     print(
         f"driver RSS {rss0:.0f} → max {rss:.0f} MiB; MLflow store {_du(root / 'mlflow.db'):.1f} MiB"
         f" + {_du(root / 'mlruns'):.1f} MiB artifacts; Optuna {_du(sdir / 'optuna.db'):.2f} MiB;"

@@ -175,7 +175,8 @@ def _compare_rows(tmp: Path, sdir: Path) -> list[str]:
     ("point", "every", "epochs", "skip"),
     [
         ("epoch_end:2", 1, 3, 0),  # during an epoch: computed, neither checkpointed nor logged
-        ("after_checkpoint:2", 1, 3, 0),  # checkpointed, not yet logged nor reported
+        # checkpointed, not yet logged nor reported
+        pytest.param("after_checkpoint:2", 1, 3, 0, marks=pytest.mark.long),
         # epoch 3 logged but its checkpoint never written
         pytest.param("epoch_end:4", 2, 4, 0, marks=pytest.mark.long),
         # the first trial done, the second in its final evaluation
@@ -402,8 +403,9 @@ def test_truncated_tune_state_is_refused_in_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("point", "mlflow_on_it"),
     [
-        ("trial_start", False),  # the trial's own writes hit ENOSPC (its marker, checkpoints)
-        ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk
+        # the trial's own writes hit ENOSPC (its marker, checkpoints)
+        pytest.param("trial_start", False, marks=pytest.mark.long),
+        ("trial_start", True),  # ... and MLflow's SQLite store is on the same disk too
         # the start record of trial 2, before it starts, hits it
         pytest.param("before_start_save", False, marks=pytest.mark.long),
     ],

@@ -212,6 +212,7 @@ def test_tune_logs_each_result_once_and_a_state_pickled_before_keeps_its_loggers
     from ray.tune.utils.callback import _create_default_callbacks
 
     from calibtune.study._search import _json_log_only, _tuner, study_dir
+    from calibtune.study._tunelog import ResultJsonLogger
 
     def loggers(tuner: Any) -> set[type]:
         with _json_log_only(tuner):
@@ -223,7 +224,44 @@ def test_tune_logs_each_result_once_and_a_state_pickled_before_keeps_its_loggers
     payload = StudyPayload(study, "sqlite:///unused.db", "0", "parent", str(tmp_path / "trials"))
     tuner = _tuner(study, study_dir(study, tmp_path), payload, [], 0)
     # the code before: Tune's defaults, progress.csv and TensorBoard events beside result.json
-    assert loggers(tuner) == {JsonLoggerCallback}  # `ResultGrid.metrics_dataframe` reads it
+    # `ResultGrid.metrics_dataframe` reads its result.json
+    assert loggers(tuner) == {ResultJsonLogger} and issubclass(ResultJsonLogger, JsonLoggerCallback)
     old = tune.Tuner(lambda config: None, run_config=tune.RunConfig(storage_path=str(tmp_path)))
     assert CSVLoggerCallback in loggers(old)  # no result.json of its own: Tune's defaults stay
     assert "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS" not in os.environ
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.timeout(300)
+def test_a_trial_folder_in_the_storage_holds_its_results_alone(tmp_path: Path) -> None:
+    """Tune copies every trial folder to the storage again at each state save: the code before
+    kept ``params.json`` and ``params.pkl`` beside ``result.json`` (3,000 files per save at
+    1,000 trials); the results stay readable as `ResultGrid` reads them."""
+    from ray import tune
+
+    from calibtune.storage import atomic_filesystem
+    from calibtune.study._search import _json_log_only, _result_log
+
+    def trainable(config: dict[str, Any]) -> None:
+        for step in range(2):
+            tune.report({"score": config["i"] + step})
+
+    tuner = tune.Tuner(
+        tune.with_resources(trainable, {"cpu": 1}),
+        param_space={"i": tune.grid_search([10, 20])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=1),
+        run_config=tune.RunConfig(
+            name="logs",
+            storage_path=str(tmp_path),
+            storage_filesystem=atomic_filesystem(),
+            callbacks=_result_log(),
+            verbose=0,
+        ),
+    )
+    with _json_log_only(tuner):
+        grid = tuner.fit()
+    folders = [p for p in (tmp_path / "logs").iterdir() if p.is_dir() and "trainable" in p.name]
+    assert len(folders) == 2
+    assert [sorted(q.name for q in p.iterdir()) for p in folders] == [["result.json"]] * 2
+    assert sorted(r.metrics_dataframe["score"].tolist() for r in grid) == [[10, 11], [20, 21]]
+    assert sorted(r.config["i"] for r in grid) == [10, 20]

@@ -187,13 +187,14 @@ def _tuner(
 
 
 def _result_log() -> list[Any]:
-    """Tune's per-trial ``result.json`` (what `ResultGrid`'s ``metrics_dataframe`` reads) and, by
-    `_json_log_only`, neither of its other default loggers (``progress.csv`` and TensorBoard
-    events: the ≈ 200 metrics of every report written twice more, and every file of every
-    trial copied again to the storage at each of Tune's state saves, issue 29)."""
-    from ray.tune.logger import JsonLoggerCallback
+    """Tune's per-trial ``result.json`` (what `ResultGrid`'s ``metrics_dataframe`` reads; not its
+    ``params.*``: `ResultJsonLogger`) and, by `_json_log_only`, neither of its other default
+    loggers (``progress.csv`` and TensorBoard events: the ≈ 200 metrics of every report written
+    twice more, and every file of every trial copied again to the storage at each of Tune's
+    state saves, issue 29)."""
+    from calibtune.study._tunelog import ResultJsonLogger
 
-    return [JsonLoggerCallback()]
+    return [ResultJsonLogger()]
 
 
 @contextlib.contextmanager
