@@ -8,11 +8,6 @@ in place: a full disk left a truncated state that Tune could not restore, issue 
 or EDQUOT a write sees is noted (`note_full`) for the study's disk-full stop
 (`calibtune.study._diskfull`). A temp file left by a process killed mid-write
 (``.NAME.XXXXXXXX.tmp``) is inert: every reader reads files by name.
-
-Tune uploads its whole staging folder at every save, every finished trial's files again; the
-handler's streams therefore compare what they are given with the file already there and leave an
-identical file untouched (no temp file, fsync or rename), writing only from the first byte that
-differs (at 1,000 trials: 0.6 instead of 1.1 s of CPU per save, bench/README.md).
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ import errno
 import os
 import shutil
 import uuid
-from typing import IO, Any
+from typing import Any
 
 from pyarrow import PythonFile
 from pyarrow.fs import FileSystemHandler, LocalFileSystem, PyFileSystem
@@ -50,13 +45,6 @@ def forget_full(root: str | os.PathLike[str]) -> None:
     _FULL.difference_update(full_paths(root))
 
 
-def _open_existing(path: str) -> IO[bytes] | None:
-    try:
-        return open(path, "rb")  # the writer closes it
-    except OSError:  # none there yet (or a folder, which the rename then refuses)
-        return None
-
-
 def atomic_filesystem() -> Any:
     """The local file system with atomic output streams (a ``pyarrow.fs.PyFileSystem``)."""
     return PyFileSystem(AtomicLocalHandler())
@@ -66,11 +54,9 @@ class _AtomicWriter:
     """A binary file object (for ``pyarrow.PythonFile``) writing ``path`` atomically: bytes go to
     a temp file beside it, unbuffered (ENOSPC surfaces at the write that hits it); `close`
     fsyncs it and renames it over ``path``. A failed write removes the temp file at once (the
-    stream may outlive the copy that failed, held by its exception) and keeps the old file.
-    With ``skip_same`` the bytes are first compared with the file's own, and only where they
-    part is the temp file started (with the shared prefix): the same bytes leave the file as is."""
+    stream may outlive the copy that failed, held by its exception) and keeps the old file."""
 
-    def __init__(self, path: str, skip_same: bool = False) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
         self.tmp = os.path.join(
             os.path.dirname(path), f".{os.path.basename(path)}.{uuid.uuid4().hex[:8]}.tmp"
@@ -78,32 +64,9 @@ class _AtomicWriter:
         self._pos = 0
         self._fd: int | None = None
         self._error: OSError | None = None  # the failure every later write repeats
-        # the file's current bytes, read along while ours equal them (`skip_same`)
-        self._old: IO[bytes] | None = _open_existing(path) if skip_same else None
-        if self._old is None:
-            self._open_tmp()
-
-    def _open_tmp(self) -> None:
         self._fd = self._guard(
             lambda: os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         )
-
-    def _diverge(self) -> None:
-        """Our bytes part from the file's: from here on write the temp file, starting with the
-        prefix the two share."""
-        old, self._old, left = self._old, None, self._pos
-        assert old is not None
-        with old:
-            old.seek(0)
-            self._open_tmp()
-            while left:
-                chunk = old.read(min(left, 1 << 20))
-                if not chunk:  # the file shrank meanwhile: it is no longer what we matched
-                    self._error = OSError(errno.EIO, f"{self.path} changed while rewritten")
-                    self._abort()
-                    raise self._error
-                self._write_all(memoryview(chunk))
-                left -= len(chunk)
 
     def _guard(self, op: Any) -> Any:
         try:
@@ -116,9 +79,6 @@ class _AtomicWriter:
             raise
 
     def _abort(self) -> None:
-        old, self._old = self._old, None
-        if old is not None:
-            old.close()
         fd, self._fd = self._fd, None
         with contextlib.suppress(OSError):
             if fd is not None:
@@ -127,7 +87,7 @@ class _AtomicWriter:
 
     @property
     def closed(self) -> bool:
-        return self._fd is None and self._old is None
+        return self._fd is None
 
     def writable(self) -> bool:
         return True
@@ -144,16 +104,6 @@ class _AtomicWriter:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         size = len(view)
-        if self._old is not None:
-            if view == self._old.read(size):
-                self._pos += size
-                return size
-            self._diverge()
-        self._write_all(view)
-        self._pos += size
-        return size
-
-    def _write_all(self, view: memoryview) -> None:
         while view:
             if self._fd is None:  # a writer's clean-up (torch's zip end record) after a failure
                 if self._error is not None:
@@ -161,6 +111,8 @@ class _AtomicWriter:
                 raise ValueError(f"{self.path}: write to a closed stream")
             n = self._guard(lambda fd=self._fd, v=view: os.write(fd, v))
             view = view[n:]
+        self._pos += size
+        return size
 
     def flush(self) -> None:
         pass
@@ -170,12 +122,6 @@ class _AtomicWriter:
         self._abort()
 
     def close(self) -> None:
-        if self._old is not None:
-            if not self._old.read(1):  # the same bytes, to the end: the file stays as it is
-                self._old.close()
-                self._old = None
-                return
-            self._diverge()
         if self._fd is None:
             return
         self._guard(lambda: os.fsync(self._fd))  # type: ignore[arg-type]
@@ -247,7 +193,7 @@ class AtomicLocalHandler(FileSystemHandler):
         return self.fs.open_input_file(path)
 
     def open_output_stream(self, path: str, metadata: Any) -> Any:
-        return PythonFile(_AtomicWriter(path, skip_same=True), mode="w")
+        return PythonFile(_AtomicWriter(path), mode="w")
 
     def open_append_stream(self, path: str, metadata: Any) -> Any:
         return self.fs.open_append_stream(path)
