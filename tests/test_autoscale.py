@@ -172,3 +172,38 @@ def test_a_study_waits_for_the_cluster_to_grow(tmp_path):
             proc.kill()
             proc.communicate()
         cluster.stop()
+
+
+@pytest.mark.slow
+def test_a_fixed_cluster_under_the_v2_autoscaler_refuses_once_it_says_so(tmp_path):
+    # A head started with Ray's v2 autoscaler (as KubeRay's and the launcher's are) but no node
+    # types of its own: its read-only autoscaler. calibtune sees a v2 autoscaler (which publishes
+    # no node types), asks it for the trial and refuses in one line as soon as it answers that
+    # no node type holds the trial - not after the 10-minute wait, and before anything starts.
+    from _cluster import start_cluster
+
+    cluster = start_cluster(tmp_path, nodes=1, num_cpus=1, env={"RAY_enable_autoscaler_v2": "1"})
+    path = _study(tmp_path)
+    env = cluster.client_env()
+    env.pop("RAY_enable_autoscaler_v2")  # a user's driver does not set it
+    try:
+        t0 = time.monotonic()
+        out = subprocess.run(
+            [sys.executable, "-m", "calibtune", "run", str(path), "--address", cluster.gcs],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        took = time.monotonic() - t0
+    finally:
+        cluster.stop()
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert "[calibtune] waiting for 1 trainer_slot: 0:00 of 10:00" in lines, lines[-5:]
+    assert lines[-1].endswith(
+        "; the cluster's autoscaler has no node type for 1 CPU, 1 trainer_slot"
+    ), lines[-1]
+    assert "trainer_slot" in lines[-1].split(";")[0]  # the refusal itself names what is missing
+    assert took < 120, took  # one autoscaler round, not the wait
+    assert not (tmp_path / "studies").exists()

@@ -1,15 +1,19 @@
 """A cluster that grows through Ray's own autoscaler (issue 29 item 3), with Ray's fake one.
 
 ``ray.cluster_utils.AutoscalingCluster`` starts a head without the resource a trial needs and an
-autoscaler (v1, `FakeMultiNodeProvider`) whose one worker type (``min_workers: 0``) has it: a
-logical ``trainer_slot``, standing in for a GPU node. `calibtune run --address` is then run as a
-user runs it, without ``--wait-for-resources``: calibtune must see the autoscaler's node types
-(`autoscaler_limits`, which Ray 2.60's v1 autoscaler publishes only in its status), wait with a
-status line while the autoscaler launches the node, and train the trial there.
+autoscaler (Ray's v1, and its v2 as KubeRay and the cluster launcher may run it; both over
+`FakeMultiNodeProvider`) whose one worker type (``min_workers: 0``) has it: a logical
+``trainer_slot``, standing in for a GPU node. `calibtune run --address` is then run as a user
+runs it, without ``--wait-for-resources``: calibtune must see the autoscaler
+(`autoscaler_limits`: Ray 2.60's v1 autoscaler publishes its node types only in its status, its
+v2 none, only a flag in the GCS), wait with a status line while the autoscaler launches the
+node, and train the trial there.
 
 Two things of Ray 2.60's wheel shape the test. The wheel lacks the base config that
 `AutoscalingCluster._generate_config` reads (``fake_multi_node/example.yaml``), so
-`FakeAutoscalingCluster` supplies it (`BASE_CONFIG`). And ``start``/``shutdown`` run
+`FakeAutoscalingCluster` supplies it (`BASE_CONFIG`; the v2 autoscaler reads it once more for a
+``fake_multinode`` provider, so there the same provider class is named as an ``external`` one).
+And ``start``/``shutdown`` run
 ``ray stop --force``, which stops every Ray process of this user on the machine: the test runs
 in the serial phase of ``make test`` (alone), and outside CI it is skipped while another Ray
 runs (another test's cluster, a study).
@@ -17,6 +21,7 @@ runs (another test's cluster, a study).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -81,6 +86,7 @@ BASE_CONFIG = {
     "rsync_filter": [],
 }
 MIB = 1024**2
+FAKE_PROVIDER = "ray.autoscaler._private.fake_multi_node.node_provider.FakeMultiNodeProvider"
 
 
 def _fake_cluster_class():
@@ -89,10 +95,15 @@ def _fake_cluster_class():
     class FakeAutoscalingCluster(AutoscalingCluster):
         """Ray's `AutoscalingCluster`, given the base config its wheel lacks."""
 
-        def _generate_config(self, head_resources, worker_node_types, **kwargs):
+        def _generate_config(
+            self, head_resources, worker_node_types, autoscaler_v2=False, **kwargs
+        ):
             import copy
 
             config = copy.deepcopy(BASE_CONFIG)
+            if autoscaler_v2:  # v2 reads a `fake_multinode` provider's defaults from the
+                # missing example.yaml; an `external` provider of the same class reads none
+                config["provider"] |= {"type": "external", "module": FAKE_PROVIDER}
             config["available_node_types"] = {
                 **worker_node_types,
                 "ray.head.default": {
@@ -130,7 +141,8 @@ def _in_ci() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.serial  # `ray stop --force` (AutoscalingCluster) stops every Ray of this user
-def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypatch):
+@pytest.mark.parametrize("v2", [False, True], ids=["v1", "v2"])
+def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypatch, v2):
     if os.environ.get("PYTEST_XDIST_WORKER"):  # its `ray stop` would kill the other worker's Ray
         pytest.fail(
             "expected to run alone (`-m serial`, no xdist: it runs `ray stop --force`), "
@@ -139,10 +151,7 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
     others = _other_ray_processes()
     if others and not _in_ci():
         pytest.skip(f"AutoscalingCluster runs `ray stop --force`, other Ray runs: {others[:4]}")
-    import ray
     from ray._private.services import get_node_ip_address
-
-    from calibtune.study._raycluster import client_token_auth
 
     token = secrets.token_hex(32)  # the cluster's own: nothing read from or written to ~/.ray
     auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -163,6 +172,7 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
                 "max_workers": 1,
             }
         },
+        autoscaler_v2=v2,  # v2: what KubeRay's and the launcher's autoscaler can be
     )
     # the fake provider starts its nodes against <this machine's address>:6379 (Ray's default)
     address = f"{get_node_ip_address()}:6379"
@@ -170,11 +180,14 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
     try:
         cluster.start(override_env=auth)
         deadline = time.time() + 120
-        while True:  # the autoscaler is up once `ray status` shows the head's node type
+        # the autoscaler is up once `ray status` shows the head's node type (v1) or the status
+        # of Ray's v2 autoscaler, which names the head after the node (not from the provider)
+        ready = "Autoscaler status" if v2 else "ray.head.default"
+        while True:
             status = subprocess.run(
                 ["ray", "status", "--address", address], capture_output=True, text=True
             )
-            if "ray.head.default" in status.stdout:
+            if ready in status.stdout:
                 break
             assert time.time() < deadline, status.stdout[-2000:] + status.stderr[-2000:]
             time.sleep(1)
@@ -191,12 +204,7 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
         assert "[calibtune] waiting for 1 trainer_slot: 0:00 of 10:00" in lines, out.stderr[-3000:]
         assert "1 finished, 0 failed" in out.stdout
 
-        client_token_auth()
-        ray.init(address=address, log_to_driver=False)
-        try:
-            alive = [n for n in ray.nodes() if n["Alive"]]
-        finally:
-            ray.shutdown()
+        alive = _alive_nodes(address)
         added = [n for n in alive if n["Resources"].get("trainer_slot") == 1.0]
         assert len(alive) == 2 and len(added) == 1, alive  # the head and the node it launched
         _check_trained(tmp_path, path)
@@ -205,6 +213,21 @@ def test_a_study_waits_for_the_fake_autoscaler_to_add_a_node(tmp_path, monkeypat
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _alive_nodes(address: str) -> list[dict]:
+    """The cluster's alive nodes (`ray.nodes`), read by a client process of its own: a second
+    `ray.init` in this process would present the first cluster's cached auth token."""
+    code = (
+        "import json, ray\n"
+        "from calibtune.study._raycluster import client_token_auth\n"
+        "client_token_auth()\n"
+        f"ray.init(address={address!r}, log_to_driver=False)\n"
+        "print(json.dumps([n for n in ray.nodes() if n['Alive']], default=str))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _check_trained(tmp: Path, path: Path) -> None:

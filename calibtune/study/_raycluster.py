@@ -22,6 +22,7 @@ from calibtune.study._display import quiet_output
 
 __all__ = [
     "autoscaler_limits",
+    "autoscaler_v2",
     "check_cluster",
     "check_trials_fit",
     "client_token_auth",
@@ -30,6 +31,7 @@ __all__ = [
     "runs_node_types",
     "shortfall",
     "trial_demand",
+    "v2_infeasible",
     "wait_for_nodes",
     "waiting_line",
 ]
@@ -112,7 +114,9 @@ def check_cluster(study: Any, wait_s: float | None = None) -> None:
         limits = autoscaler_limits()
         if wait_s is None and limits is None:
             raise
-        wait_for_nodes(study, exc, AUTOSCALER_WAIT_S if wait_s is None else wait_s, limits)
+        wait = AUTOSCALER_WAIT_S if wait_s is None else wait_s
+        # the user's own wait may be for nodes added by hand: no autoscaler's verdict ends it
+        wait_for_nodes(study, exc, wait, limits, ask_autoscaler=wait_s is None)
     from calibtune.study._nodes import check_node_versions
 
     check_node_versions()  # every other node runs the driver's versions (none: local Ray)
@@ -145,9 +149,11 @@ def autoscaler_limits() -> dict[str, float] | None:
     ``is_autoscaling_enabled``), when one of them can grow; ``{}`` (it can grow, to what is not
     known) when Ray's v1 autoscaler runs with node types of its own (`runs_node_types`: the
     cluster launcher, KubeRay's v1 autoscaler, ``ray.cluster_utils.AutoscalingCluster``), which
-    publishes the nodes it runs but not the node types it could add; None otherwise: a local
-    Ray, a fixed cluster (``ray start --head`` runs the v1 autoscaler read-only), or an
-    autoscaler that publishes neither (``--wait-for-resources`` says the cluster will grow)."""
+    publishes the nodes it runs but not the node types it could add, and when Ray's v2
+    autoscaler runs (`autoscaler_v2`: it publishes neither, and says only once asked whether a
+    demand fits one of its node types, `v2_infeasible`); None otherwise: a local Ray, or a fixed
+    cluster (``ray start --head`` runs the v1 autoscaler read-only; ``--wait-for-resources``
+    says the cluster will grow)."""
     import ray
     from ray._private import state
 
@@ -163,9 +169,56 @@ def autoscaler_limits() -> dict[str, float] | None:
         ):
             limits = state.state.get_max_resources_from_cluster_config() or {}
             return {k: float(v) for k, v in limits.items()}
-        return {} if runs_node_types(_v1_status()) else None
+        return {} if runs_node_types(_v1_status()) or autoscaler_v2() else None
     except Exception:  # pragma: no cover - another Ray version: no autoscaler known
         return None
+
+
+def autoscaler_v2() -> bool:
+    """Whether the connected cluster runs Ray's v2 autoscaler (the GCS's flag, set by a head
+    started with ``RAY_enable_autoscaler_v2=1``: KubeRay's v2 autoscaler, the cluster launcher's;
+    a fixed cluster's is its read-only mode, whose node types are the nodes it has)."""
+    from ray.autoscaler.v2.utils import is_autoscaler_v2
+
+    return bool(is_autoscaler_v2(fetch_from_server=True))
+
+
+def v2_infeasible(demand: list[Mapping[str, float]]) -> list[dict[str, float]]:
+    """The bundles of ``demand`` (asked for with `_request`) that Ray's v2 autoscaler has found
+    none of its node types can hold (its state in the GCS, `infeasible_bundles`, one autoscaler
+    round after the request); ``[]`` under v1 and while it has not decided."""
+    import ray
+
+    try:
+        from ray._raylet import GcsClient
+        from ray.core.generated.autoscaler_pb2 import GetClusterStatusReply
+
+        gcs = GcsClient(ray.get_runtime_context().gcs_address)
+        reply = GetClusterStatusReply.FromString(gcs.get_cluster_status(timeout_s=10))
+    except Exception:  # pragma: no cover - another Ray version or a GCS briefly away
+        return []
+    return infeasible_bundles(reply.autoscaling_state, demand)
+
+
+def infeasible_bundles(state: Any, demand: list[Mapping[str, float]]) -> list[dict[str, float]]:
+    """The bundles of ``demand`` that a v2 autoscaling state (``autoscaler_pb2.AutoscalingState``)
+    lists as infeasible cluster resource constraints (what `request_resources` posts).
+
+    >>> from ray.core.generated.autoscaler_pb2 import AutoscalingState
+    >>> state = AutoscalingState()
+    >>> bundle = state.infeasible_cluster_resource_constraints.add().resource_requests.add()
+    >>> bundle.request.resources_bundle.update({"CPU": 1.0, "GPU": 1.0})
+    >>> infeasible_bundles(state, [{"CPU": 1.0, "GPU": 1.0}])
+    [{'CPU': 1.0, 'GPU': 1.0}]
+    >>> infeasible_bundles(state, [{"CPU": 1.0}])
+    []
+    """
+    listed = [
+        {k: float(v) for k, v in r.request.resources_bundle.items()}
+        for c in state.infeasible_cluster_resource_constraints
+        for r in c.resource_requests
+    ]
+    return [dict(b) for b in demand if dict(b) in listed]
 
 
 def _v1_status() -> dict[str, Any]:
@@ -237,12 +290,17 @@ def _clock(seconds: float) -> str:
 
 
 def wait_for_nodes(
-    study: Any, refusal: ValueError, wait_s: float, limits: Mapping[str, float] | None
+    study: Any,
+    refusal: ValueError,
+    wait_s: float,
+    limits: Mapping[str, float] | None,
+    ask_autoscaler: bool = False,
 ) -> None:
     """Wait up to ``wait_s`` for the cluster to hold the study's largest trial (asking the
     autoscaler for it, `request_resources`), printing `waiting_line` every `WAIT_POLL_S`
     seconds (one line rewritten on a terminal); refuse in one line (``refusal``'s, with the
-    reason) when the autoscaler's node types cannot hold it or the wait expires."""
+    reason) when the autoscaler's node types cannot hold it (``limits``; with
+    ``ask_autoscaler``, also a v2 autoscaler's verdict, `v2_infeasible`) or the wait expires."""
     import ray
 
     demand = trial_demand(study)
@@ -271,6 +329,11 @@ def wait_for_nodes(
                     f"{refusal} (waited {_clock(wait_s)} for the cluster to grow)"
                 ) from None
             time.sleep(min(WAIT_POLL_S, max(wait_s - waited, 0.05)))
+            if ask_autoscaler and (cannot := v2_infeasible(demand)):
+                what = ", ".join(f"{v:g} {k}" for k, v in sorted(cannot[0].items()))
+                raise ValueError(
+                    f"{refusal}; the cluster's autoscaler has no node type for {what}"
+                ) from None
             try:
                 _check_fits(study)
                 return
