@@ -116,7 +116,8 @@ def check_cluster(study: Any, wait_s: float | None = None) -> None:
             raise
         wait = AUTOSCALER_WAIT_S if wait_s is None else wait_s
         # the user's own wait may be for nodes added by hand: no autoscaler's verdict ends it
-        wait_for_nodes(study, exc, wait, limits, ask_autoscaler=wait_s is None)
+        ask = wait_s is None and limits == {} and autoscaler_v2()
+        wait_for_nodes(study, exc, wait, limits, ask_autoscaler=ask)
     from calibtune.study._nodes import check_node_versions
 
     check_node_versions()  # every other node runs the driver's versions (none: local Ray)
@@ -280,8 +281,12 @@ def waiting_line(missing: Mapping[str, float], waited: float, limit: float) -> s
     >>> waiting_line({"GPU": 1.0, "CPU": 2.0}, 42, 600)
     'waiting for 2 CPU, 1 GPU: 0:42 of 10:00'
     """
-    what = ", ".join(f"{v:g} {k}" for k, v in sorted(missing.items()))
-    return f"waiting for {what}: {_clock(waited)} of {_clock(limit)}"
+    return f"waiting for {_amounts(missing)}: {_clock(waited)} of {_clock(limit)}"
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    """``2 CPU, 1 GPU``: resources by name, each with its amount."""
+    return ", ".join(f"{v:g} {k}" for k, v in sorted(resources.items()))
 
 
 def _clock(seconds: float) -> str:
@@ -300,7 +305,8 @@ def wait_for_nodes(
     autoscaler for it, `request_resources`), printing `waiting_line` every `WAIT_POLL_S`
     seconds (one line rewritten on a terminal); refuse in one line (``refusal``'s, with the
     reason) when the autoscaler's node types cannot hold it (``limits``; with
-    ``ask_autoscaler``, also a v2 autoscaler's verdict, `v2_infeasible`) or the wait expires."""
+    ``ask_autoscaler``, the cluster's v2 autoscaler's verdict, `v2_infeasible`) or the wait
+    expires."""
     import ray
 
     demand = trial_demand(study)
@@ -330,9 +336,9 @@ def wait_for_nodes(
                 ) from None
             time.sleep(min(WAIT_POLL_S, max(wait_s - waited, 0.05)))
             if ask_autoscaler and (cannot := v2_infeasible(demand)):
-                what = ", ".join(f"{v:g} {k}" for k, v in sorted(cannot[0].items()))
                 raise ValueError(
-                    f"{refusal}; the cluster's autoscaler has no node type for {what}"
+                    f"{refusal}; the cluster's autoscaler has no node type for "
+                    f"{_amounts(cannot[0])}"
                 ) from None
             try:
                 _check_fits(study)
