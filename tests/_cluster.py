@@ -27,6 +27,10 @@ from calibtune.study._ui import free_port
 
 RAY = str(Path(sys.executable).parent / "ray")
 
+#: failed test phases of this pytest process so far (counted by `tests/conftest.py`): a cluster
+#: stopped after one of its tests failed keeps its nodes' Ray logs
+FAILURES = [0]
+
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a node started from an activated virtualenv (its ``python`` first on
@@ -60,7 +64,9 @@ class Node:
                 return int(entry.name)
         raise AssertionError(f"no raylet under {self.temp_dir}:\n{self.log.read_text()[-2000:]}")
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: Path | None = None) -> None:
+        """End the node's processes and remove its temp root; ``keep_logs``: copy the session's
+        Ray logs (raylet, GCS, workers) there first."""
         # SIGTERM drains the node for up to 30 s; a test cluster has nothing worth waiting for
         for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 30)):
             try:
@@ -69,6 +75,11 @@ class Node:
                 break
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 continue
+        if keep_logs is not None:
+            logs = Path(self.temp_dir) / "session_latest" / "logs"
+            dest = keep_logs / f"ray-{Path(self.temp_dir).name}"
+            shutil.copytree(logs, dest, ignore_dangling_symlinks=True, dirs_exist_ok=True)
+            print(f"\nRay logs of node {self.temp_dir} kept in {dest}", file=sys.stderr)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
@@ -84,6 +95,7 @@ class Cluster:
     dashboard_port: int = field(default_factory=free_port)
     nodes: list[Node] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(32))  # Ray's own token format
+    failures_at_start: int = field(default_factory=lambda: FAILURES[0])
 
     def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for a process that talks to this cluster (``ray``, ``calibtune``)."""
@@ -160,8 +172,11 @@ class Cluster:
             time.sleep(1)
 
     def stop(self) -> None:
+        """Stop every node; when a test failed while the cluster ran, keep their Ray logs in
+        ``logs`` (what an intermittent cluster failure is diagnosed from)."""
+        keep = self.logs if FAILURES[0] > self.failures_at_start else None
         for node in reversed(self.nodes):
-            node.stop()
+            node.stop(keep)
         self.nodes.clear()
 
 

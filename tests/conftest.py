@@ -102,6 +102,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.serial)
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:  # a multi-node test cluster stopped after this keeps its Ray logs
+        import _cluster
+
+        _cluster.FAILURES[0] += 1
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _one_torch_thread() -> Iterator[None]:
     """Tiny models and tensors on a 2-core machine: one intra-op thread per test process avoids
