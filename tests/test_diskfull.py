@@ -237,3 +237,25 @@ def test_a_trial_interrupted_by_a_full_disk_is_unfinished_again_in_mlflow(tmp_pa
     run = client.get_run(run_id)
     assert (run.info.status, run.data.tags[TAG_STATUS]) == ("RUNNING", "running")
     assert TAG_ERROR not in run.data.tags
+
+
+@pytest.mark.parametrize("limit", [0, 100, 4500, 150_000])
+def test_a_checkpoint_write_on_a_full_disk_raises_the_disk_full_error(tmp_path, monkeypatch, limit):
+    """``torch.save`` through the storage owner's file object words a failed write that is not
+    its first as ``RuntimeError: … unexpected pos``; the storage owner raises the write's own
+    ENOSPC instead (what the study recognises as a full disk: one line, resumable), keeps the
+    previous checkpoint and leaves no temp file, wherever in the file the disk ran out."""
+    import torch
+
+    from calibtune.trial._checkpoint import save_tensors
+
+    path = tmp_path / "ckpt" / "state.pt"
+    save_tensors({"x": torch.zeros(3)}, path)
+    _enospc_after(monkeypatch, limit)
+    with pytest.raises(OSError) as err:
+        save_tensors({"x": torch.arange(50_000.0)}, path)
+    monkeypatch.undo()
+    assert err.value.errno == errno.ENOSPC and D.disk_full_text(str(err.value))
+    assert L.full_paths(tmp_path) == [str(path)]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.pt"]
+    assert torch.load(path, weights_only=True)["x"].tolist() == [0.0, 0.0, 0.0]

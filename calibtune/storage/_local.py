@@ -86,6 +86,11 @@ class _AtomicWriter:
             os.unlink(self.tmp)
 
     @property
+    def error(self) -> OSError | None:
+        """The error of the write (or open, fsync) that failed, if one did."""
+        return self._error
+
+    @property
     def closed(self) -> bool:
         return self._fd is None
 

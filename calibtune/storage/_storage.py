@@ -182,7 +182,8 @@ class Storage:
     @contextlib.contextmanager
     def open_output(self) -> Iterator[IO[bytes]]:
         """A binary file object whose bytes replace the file atomically when the block ends
-        without an error; an error (a full disk, the writer's own) keeps the previous file."""
+        without an error; an error (a full disk, the writer's own) keeps the previous file. A
+        write that failed is what the block raises, however the caller reported it."""
         if self.is_local:
             from calibtune.storage._local import _AtomicWriter
 
@@ -190,6 +191,13 @@ class Storage:
             writer = _AtomicWriter(self.path)
             try:
                 yield writer  # type: ignore[misc]
+            except Exception as exc:
+                writer.abort()
+                if writer.error is not None and not isinstance(exc, OSError):
+                    # a writer that words a failed write its own way (torch's zip writer:
+                    # `RuntimeError: … unexpected pos`): the write's own error (a full disk)
+                    raise writer.error from exc
+                raise
             except BaseException:
                 writer.abort()
                 raise
