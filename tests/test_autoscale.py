@@ -28,7 +28,7 @@ import yaml
 from calibtune.study import load_study
 from calibtune.study._concurrency import auto_limit, cluster_slots, seed_footprint
 from calibtune.study._config import StudyError, study_from_text
-from calibtune.study._raycluster import trial_demand, wait_for_nodes
+from calibtune.study._raycluster import parse_duration, trial_demand, wait_for_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STUDIES = [  # the papers' studies: a year in the name, and FCL's
@@ -93,8 +93,31 @@ def test_bad_wait_duration_is_refused_in_one_line(tmp_path):
         cwd=tmp_path,
     )
     assert out.returncode == 2
-    assert "--wait-for-resources: expected a duration such as 600, 90s, 10m or 1.5h" in out.stderr
+    want = "--wait-for-resources: expected a duration such as 600, 90s, 10m, 1.5h, 1h30m or 10:00"
+    assert want in out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("600", 600), ("0", 0), ("90s", 90), ("10m", 600), ("1.5h", 5400), (".5h", 1800),
+        ("1h30m", 5400), ("1h 30m 15s", 5415), ("10 min", 600), ("2 Minutes", 120),
+        ("3 hrs", 10800), ("1 day", 86400), (" 5M ", 300),
+        ("10:00", 600), ("0:42", 42), ("1:02:03", 3723),  # the status line's own clock
+    ],
+)  # fmt: skip
+def test_wait_durations_in_the_forms_users_write(text, seconds):
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "soon", "-5", "nan", "inf", "1e3", "10x", "m", "1h30", "10:60", "5:", "1h-30m", "1..5h"],
+)
+def test_a_duration_without_a_known_unit_or_clock_is_refused(text):
+    with pytest.raises(ValueError, match=r"expected a duration such as 600, .* got "):
+        parse_duration(text)
 
 
 # ------------------------------------------------------------------ a cluster that grows

@@ -63,8 +63,9 @@ WAIT_FOR_RESOURCES = arg(
     "--wait-for-resources",
     type=_wait_duration,
     metavar="DURATION",
-    help="on a cluster that grows: wait up to DURATION (600, 90s, 10m, 1.5h) for nodes that "
-    "hold a trial before refusing (default: 10m when the cluster has an autoscaler, else none)",
+    help="on a cluster that grows: wait up to DURATION (600, 90s, 10m, 1h30m, 10:00) for nodes "
+    "that hold a trial before refusing (default: 10m when the cluster has an autoscaler, else "
+    "none)",
 )
 DASHBOARD_ADDRESS = arg("--address", help="Ray dashboard address, e.g. http://HEAD:8265")
 VERBOSITY = (

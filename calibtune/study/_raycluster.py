@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -361,22 +362,39 @@ def _request(bundles: list[dict[str, float]]) -> None:
         pass
 
 
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
+_UNITS = {
+    **dict.fromkeys(["s", "sec", "secs", "second", "seconds"], 1.0),
+    **dict.fromkeys(["m", "min", "mins", "minute", "minutes"], 60.0),
+    **dict.fromkeys(["h", "hr", "hrs", "hour", "hours"], 3600.0),
+    **dict.fromkeys(["d", "day", "days"], 86400.0),
+}
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_PART = re.compile(rf"\s*({_NUMBER})\s*([a-z]*)")
+_CLOCK = re.compile(r"(?:(\d+):)?(\d+):([0-5]\d(?:\.\d*)?)")  # [H:]M:SS, as the status line
 
 
 def parse_duration(text: str) -> float:
-    """Seconds of ``--wait-for-resources``: ``600``, ``90s``, ``10m`` or ``1.5h``; a ValueError
-    saying what was expected otherwise.
+    """Seconds of ``--wait-for-resources``: a number of seconds (``600``), one or more numbers
+    with units (``90s``, ``10m``, ``1.5h``, ``1h30m``, ``10 min``, ``2 days``) or the status
+    line's clock (``10:00``, ``1:30:00``); a ValueError saying what was expected otherwise.
 
-    >>> parse_duration("10m"), parse_duration("90s"), parse_duration("0")
-    (600.0, 90.0, 0.0)
+    >>> parse_duration("10m"), parse_duration("90s"), parse_duration("1h 30m"), parse_duration("0")
+    (600.0, 90.0, 5400.0, 0.0)
+    >>> parse_duration("10:00"), parse_duration("1:02:03")
+    (600.0, 3723.0)
     """
     t = text.strip().lower()
-    unit = t[-1:] if t[-1:] in ("s", "m", "h") else ""
-    try:
-        value = float(t[: len(t) - len(unit)])
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"expected a duration such as 600, 90s, 10m or 1.5h, got {text!r}")
-    return value * _UNITS[unit]
+    if clock := _CLOCK.fullmatch(t):
+        h, m, sec = clock.groups()
+        return int(h or 0) * 3600.0 + int(m) * 60.0 + float(sec)
+    parts, pos = [], 0
+    while pos < len(t) and (part := _PART.match(t, pos)) and part.end() > pos:
+        parts.append(part.groups())
+        pos = part.end()
+    units = [u for _, u in parts]
+    plain = len(parts) == 1 and not units[0]  # a bare number: seconds
+    if pos < len(t) or not parts or not (plain or all(u in _UNITS for u in units)):
+        raise ValueError(
+            f"expected a duration such as 600, 90s, 10m, 1.5h, 1h30m or 10:00, got {text!r}"
+        )
+    return sum(float(v) * _UNITS.get(u, 1.0) for v, u in parts)
