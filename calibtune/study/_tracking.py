@@ -100,7 +100,55 @@ def versions() -> dict[str, str]:
 def _client(uri: str):
     from mlflow.tracking import MlflowClient
 
-    return MlflowClient(tracking_uri=uri)
+    return _Resending(MlflowClient(tracking_uri=uri))
+
+
+#: the client's calls that may be sent twice: MLflow keeps one copy of an identical metric
+#: (key, value, timestamp, step), a tag or param sent again is the same, an artifact replaces
+#: itself (`create_run` is not one: `ChildRun` finds its run by key instead)
+RESENDABLE = frozenset(
+    {
+        "log_batch", "log_metric", "log_param", "set_tag", "delete_tag", "set_terminated",
+        "log_artifact", "log_artifacts", "get_run", "get_metric_history", "search_runs",
+        "get_experiment_by_name", "get_experiment",
+    }
+)  # fmt: skip
+#: an answer the server cut off (it died mid-response): urllib3 retries requests that got no
+#: answer, not these (`requests`' ChunkedEncodingError, a connection reset after the request)
+CUT_OFF = ("Connection broken", "Connection aborted", "RemoteDisconnected", "IncompleteRead")
+
+
+class _Resending:
+    """An ``MlflowClient`` whose `RESENDABLE` calls are sent again (up to 3 times, 1 s apart)
+    when the server's answer was cut off (`CUT_OFF`, not after urllib3's own retries ran out):
+    a server killed mid-answer is then a retried request like any other (`retries_note`)."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        client = self.__dict__.get("_client")  # none while unpickled
+        if client is None:
+            raise AttributeError(name)
+        attr = getattr(client, name)
+        if name not in RESENDABLE:
+            return attr
+
+        def resent(*args: Any, **kwargs: Any) -> Any:
+            for attempt in range(4):
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:
+                    text = str(exc)
+                    if attempt == 3 or "Max retries exceeded" in text:
+                        raise
+                    if not any(c in text for c in CUT_OFF):
+                        raise
+                    _note_retry()
+                    time.sleep(1.0)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        return resent
 
 
 @contextlib.contextmanager
@@ -212,6 +260,13 @@ class _RetryRecord(logging.Filter):
         with contextlib.suppress(OSError), open(self.path, "a", encoding="utf-8") as f:
             f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
         return not self.quiet
+
+
+def _note_retry() -> None:
+    """Record a request calibtune itself sent again (`_Resending`) as urllib3's are."""
+    for path in _WATCHED:
+        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.3f}\n")
 
 
 def watch_retries(folder: str | Path, quiet: bool = True) -> None:
