@@ -109,8 +109,8 @@ def _client(uri: str):
 RESENDABLE = frozenset(
     {
         "log_batch", "log_metric", "log_param", "set_tag", "delete_tag", "set_terminated",
-        "log_artifact", "log_artifacts", "get_run", "get_metric_history", "search_runs",
-        "get_experiment_by_name", "get_experiment",
+        "update_run", "log_artifact", "log_artifacts", "get_run", "get_metric_history",
+        "search_runs", "get_experiment_by_name", "get_experiment",
     }
 )  # fmt: skip
 #: an answer the server cut off (it died mid-response): urllib3 retries requests that got no
