@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 __all__ = ["CLUSTER_TRAIN_ENV", "TRAIN_ENV", "apply_train_env", "train_runtime_env"]
 
@@ -92,15 +93,20 @@ def apply_train_env(cluster: bool = False) -> dict[str, str]:
     return {key: os.environ[key] for key in TRAIN_ENV}
 
 
-def train_runtime_env() -> dict[str, dict[str, str]]:
+def train_runtime_env(address: str | None = None) -> dict[str, dict[str, str]]:
     """``runtime_env`` for a client of an existing cluster (its raylets do not see this process's
     environment): the values ``apply_train_env(cluster=True)`` puts in effect (the preemption
-    watcher on) and, where this process is quiet
+    watcher on), ``RAY_ADDRESS`` when ``address`` is a ``HOST:PORT`` (Ray's own processes that
+    look the cluster up — Ray Train's placement-group cleaner — otherwise fail on a machine
+    running several Ray instances, and a dead trial's workers keep their resources) and, where
+    this process is quiet
     (`calibtune.study._display.QUIET_ENV` set), the quiet settings, less any key a Ray Job's own
     ``runtime_env`` already sets (Ray refuses a driver that sets the same variable again).
 
     >>> set(TRAIN_ENV) <= set(train_runtime_env()["env_vars"])
     True
+    >>> [train_runtime_env(a)["env_vars"].get("RAY_ADDRESS") for a in ("10.0.0.1:6379", "auto")]
+    ['10.0.0.1:6379', None]
     """
     from calibtune.study._display import QUIET_ENV
 
@@ -108,4 +114,6 @@ def train_runtime_env() -> dict[str, dict[str, str]]:
     taken = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
     quiet = {k: os.environ[k] for k in QUIET_ENV if k in os.environ}
     env = {**apply_train_env(cluster=True), **quiet}
+    if address and re.fullmatch(r"[\w.\-]+:\d+", address):
+        env["RAY_ADDRESS"] = address
     return {"env_vars": {k: v for k, v in env.items() if k not in taken}}

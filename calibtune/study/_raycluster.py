@@ -71,7 +71,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
             address=address,
             log_to_driver=verbose,
             logging_level=level,
-            runtime_env=train_runtime_env(),
+            runtime_env=train_runtime_env(address),
         )
         return
     apply_train_env()  # the local Ray's processes inherit this environment
