@@ -112,12 +112,17 @@ def _log(tmp: Path) -> str:
     return (tmp / "calibtune.log").read_text()[-4000:]
 
 
-def _wait(proc: subprocess.Popen, tmp: Path, timeout: float = 300) -> int:
+def _wait(
+    proc: subprocess.Popen, tmp: Path, timeout: float = 300, cluster: Cluster | None = None
+) -> int:
+    """``proc``'s exit code; past ``timeout`` it is killed and the assertion gives its log and,
+    with ``cluster``, what the cluster held then (`_cluster_state`)."""
     try:
         return proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        state = _cluster_state(cluster, proc.pid) if cluster is not None else ""
         proc.kill()
-        raise AssertionError(_log(tmp)) from None
+        raise AssertionError(f"{_log(tmp)}\n{state}") from None
 
 
 def _runs(tmp: Path) -> tuple[MlflowClient, Any, list[Any]]:
@@ -339,13 +344,7 @@ def _preempt_and_check(cluster: Cluster, tmp_path: Path, study: Path, node: Any)
     lost = drained.stdout.split()[-1]
     (victim,) = [t for t, n in placed.items() if n == lost]  # one trial per node
     os.kill(node.raylet_pid(), signal.SIGKILL)
-    try:
-        rc = proc.wait(timeout=600)
-    except subprocess.TimeoutExpired:  # seen once in CI: what the cluster held then
-        state = _cluster_state(cluster, proc.pid)
-        proc.kill()
-        raise AssertionError(f"{_log(tmp_path)}\n{state}") from None
-    assert rc == 0, _log(tmp_path)
+    assert _wait(proc, tmp_path, timeout=600, cluster=cluster) == 0, _log(tmp_path)
 
     client, parent, trials = _runs(tmp_path)
     _check_study(parent, trials, 2)  # two runs, both finished, none failed

@@ -191,15 +191,13 @@ class Storage:
             writer = _AtomicWriter(self.path)
             try:
                 yield writer  # type: ignore[misc]
-            except Exception as exc:
+            except BaseException as exc:
                 writer.abort()
-                if writer.error is not None and not isinstance(exc, OSError):
+                reworded = isinstance(exc, Exception) and not isinstance(exc, OSError)
+                if writer.error is not None and reworded:
                     # a writer that words a failed write its own way (torch's zip writer:
                     # `RuntimeError: … unexpected pos`): the write's own error (a full disk)
                     raise writer.error from exc
-                raise
-            except BaseException:
-                writer.abort()
                 raise
             writer.close()
             return

@@ -135,18 +135,16 @@ class _Resending:
             return attr
 
         def resent(*args: Any, **kwargs: Any) -> Any:
-            for attempt in range(4):
+            for _ in range(3):
                 try:
                     return attr(*args, **kwargs)
                 except Exception as exc:
                     text = str(exc)
-                    if attempt == 3 or "Max retries exceeded" in text:
-                        raise
-                    if not any(c in text for c in CUT_OFF):
+                    if "Max retries exceeded" in text or not any(c in text for c in CUT_OFF):
                         raise
                     _note_retry()
                     time.sleep(1.0)
-            raise AssertionError("unreachable")  # pragma: no cover
+            return attr(*args, **kwargs)
 
         return resent
 
@@ -257,16 +255,19 @@ class _RetryRecord(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("Retrying"):
             return True
-        with contextlib.suppress(OSError), open(self.path, "a", encoding="utf-8") as f:
-            f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
+        _stamp(self.path)
         return not self.quiet
+
+
+def _stamp(path: str) -> None:
+    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+        f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
 
 
 def _note_retry() -> None:
     """Record a request calibtune itself sent again (`_Resending`) as urllib3's are."""
     for path in _WATCHED:
-        with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
-            f.write(f"{time.time():.3f}\n")
+        _stamp(path)
 
 
 def watch_retries(folder: str | Path, quiet: bool = True) -> None:
