@@ -7,6 +7,8 @@ The study's end (`drain_summaries`) renders what a previous driver left (a resum
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +129,32 @@ def test_the_study_end_renders_what_a_dead_driver_left(
     drain_summaries()
     assert _figures(trial, run_id) == sorted(trial["names"])
     drain_summaries()  # forgotten once drawn: a later study in this process starts clean
+
+
+DEFERRING_PROCESS = """
+import sys
+from calibtune.study import _tracking as TR
+from calibtune.trial import config_from_dict, run
+
+tmp, = sys.argv[1:]
+uri = f"sqlite:///{tmp}/mlflow.db"
+run_id = TR._client(uri).create_run(TR.experiment_id(uri, "deferred")).info.run_id
+cfg = {"name": "t", "storage_path": f"{tmp}/trials", "data": {"name": "digits"},
+       "model": {"name": "mlp"}, "train": {"epochs": 1, "batch_size": 256}}
+res = run(config_from_dict(cfg), callbacks=[TR.MlflowTrialCallback(uri, run_id, figures_for="s")])
+assert res.metrics and not (res.artifacts_dir / "figures").exists()
+print(sorted(m for m in ("matplotlib", "calibtune.plots") if m in sys.modules))
+"""
+
+
+def test_a_deferring_trial_process_never_imports_matplotlib(tmp_path: Path) -> None:
+    """A study's seed-task processes defer their figures: importing matplotlib there (≈ 1 s of
+    CPU per fresh process) would only delay the seeds."""
+    out = subprocess.run(
+        [sys.executable, "-c", DEFERRING_PROCESS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

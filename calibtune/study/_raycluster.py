@@ -28,6 +28,7 @@ __all__ = [
     "check_trials_fit",
     "client_token_auth",
     "init_ray",
+    "local_system_config",
     "parse_duration",
     "runs_node_types",
     "shortfall",
@@ -84,7 +85,29 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
         include_dashboard=False,
         log_to_driver=verbose,
         logging_level=level,
+        _system_config=local_system_config(),
     )
+
+
+#: how long a local Ray keeps an idle worker process beyond its soft limit (Ray's default 1 s)
+IDLE_WORKER_KEEP_MS = 30_000
+
+
+def local_system_config() -> dict[str, int]:
+    """Ray settings of a local Ray that calibtune starts: idle worker processes are kept
+    `IDLE_WORKER_KEEP_MS` (Ray kills an idle process beyond ``num_workers_soft_limit``, the CPU
+    count, after 1 s; a study's trial and relay processes count against that limit, so between
+    two trials the seed tasks' processes, torch and MLflow imported, died and the next seeds
+    paid 10–18 s each for fresh ones on the 2-core box; bench/README.md, "Cluster use").
+    ``RAY_idle_worker_killing_time_threshold_ms`` set by the user wins. A cluster's settings
+    are its own (``ray start``).
+
+    >>> local_system_config()["idle_worker_killing_time_threshold_ms"] >= 10_000
+    True
+    """
+    if "RAY_idle_worker_killing_time_threshold_ms" in os.environ:
+        return {}
+    return {"idle_worker_killing_time_threshold_ms": IDLE_WORKER_KEEP_MS}
 
 
 def check_trials_fit(

@@ -100,8 +100,6 @@ def _write(
     logits: dict[str, torch.Tensor],
     figures: bool,
 ) -> None:
-    from calibtune.plots import save_trial_figures
-
     shutil.rmtree(art / "figures", ignore_errors=True)  # a resumed run re-renders them
     art.mkdir(parents=True, exist_ok=True)
     save_config(cfg, art / "config.yaml")
@@ -124,4 +122,6 @@ def _write(
     # per-sample test confidence/correctness per method: what `report --baseline` resamples
     np.savez_compressed(art / "test_predictions.npz", **final.predictions)
     if cfg.eval.figures and figures:
+        from calibtune.plots import save_trial_figures
+
         save_trial_figures(art)

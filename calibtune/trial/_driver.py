@@ -196,7 +196,7 @@ def run(
         if not ray.is_initialized():
             # a cluster only when asked for (RAY_ADDRESS), never a stale one found on disk
             address = os.environ.get("RAY_ADDRESS") or "local"
-            remote = {"runtime_env": train_runtime_env()} if address != "local" else {}
+            remote = {"runtime_env": train_runtime_env(address)} if address != "local" else {}
             apply_train_env()
             ray.init(address=address, include_dashboard=False, log_to_driver=True, **remote)
         check_resources(cfg, ray.cluster_resources())
