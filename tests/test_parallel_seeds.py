@@ -170,3 +170,45 @@ def test_a_seed_whose_process_dies_is_retried_with_its_trial(tmp_path):
     (study,) = optuna.get_all_study_summaries(f"sqlite:///{db}")
     trials = optuna.load_study(study_name=study.study_name, storage=f"sqlite:///{db}").trials
     assert [t.state.name for t in trials] == ["COMPLETE"]
+
+
+SEED_PROCESSES = """
+import os
+import ray
+from calibtune.study._config import study_from_text
+from calibtune.study._trainable import seed_remote
+
+ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
+TEXT = "name: s\\nlosses: [cross_entropy]\\nsearch: {seeds: [1, 2, 3]}\\n"
+
+
+def probe():
+    return os.getpid(), os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+for label, extra in (("cpu", ""), ("gpu", "trial: {scaling: {resources_per_worker: {GPU: 1}}}\\n")):
+    task = seed_remote(study_from_text(TEXT + extra, "s"), probe)
+    seen = [ray.get(task.remote()) for _ in range(3)]
+    print(label, len({pid for pid, _ in seen}), sorted({str(dev) for _, dev in seen}))
+ray.shutdown()
+"""
+
+
+def test_a_seed_on_a_gpu_gets_a_process_of_its_own(tmp_path):
+    """Seed tasks declared as `_parallel_seeds` declares them (`seed_remote`), three in a row
+    on a Ray with one (logical) GPU: on CPUs they share one process (its imports done once);
+    with a GPU each gets a fresh one (CUDA keeps the first device a process saw, so a reused
+    process would train on its previous seed's GPU)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", SEED_PROCESSES],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()[-2:]
+    assert lines == ["cpu 1 ['None']", "gpu 3 ['0']"], out.stdout

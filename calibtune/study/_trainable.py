@@ -62,6 +62,7 @@ __all__ = [
     "finished_twin",
     "hyperparameters",
     "remember_config",
+    "seed_remote",
     "seed_task_options",
     "trial_dict",
 ]
@@ -347,21 +348,26 @@ def seed_task_options(study: StudyConfig) -> dict[str, Any]:
     resources, as `trial_resources` would give a one-seed trial); with Train workers it only
     drives them (no CPU: the workers hold the resources). ``DEFAULT`` scheduling: outside the
     Tune trial's placement group. ``max_retries=0``: Tune's ``max_failures`` is the one retry.
+    A seed that trains on a GPU gets a process of its own (``max_calls=1``: CUDA keeps the
+    device a process first saw, so a reused process would train on its previous seed's GPU;
+    Ray sets this default only for a function declared with GPUs, ray-project/ray#29624);
+    on CPUs the processes, their imports done, are reused.
 
     >>> from calibtune.study._config import study_from_text
     >>> s = study_from_text("name: s\\nlosses: [cross_entropy]\\nsearch: {seeds: [1, 2]}", "s")
-    >>> seed_task_options(s)["num_cpus"]
-    1.0
+    >>> [seed_task_options(s)[k] for k in ("num_cpus", "max_calls")]
+    [1.0, 0]
     """
     cfg = study.base_config()
-    opts: dict[str, Any] = {"max_retries": 0, "scheduling_strategy": "DEFAULT"}
+    opts: dict[str, Any] = {"max_retries": 0, "scheduling_strategy": "DEFAULT", "max_calls": 0}
     if cfg.scaling.num_workers:
         return {**opts, "num_cpus": 0, "memory": DRIVER_RESOURCES["memory"]}
     from calibtune.trial import worker_bundle
 
     bundle = worker_bundle(cfg.scaling)
     custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-    opts |= {"num_cpus": bundle.get("CPU", 1.0), "num_gpus": bundle.get("GPU", 0.0)}
+    gpus = bundle.get("GPU", 0.0)
+    opts |= {"num_cpus": bundle.get("CPU", 1.0), "num_gpus": gpus, "max_calls": int(gpus > 0)}
     return opts | ({"resources": custom} if custom else {})
 
 
@@ -402,6 +408,15 @@ def _seed_task(
     return _seed_run(payload, config, hp, child, trial_id, seed, extra=[relay])
 
 
+def seed_remote(study: StudyConfig, fn: Any = _seed_task) -> Any:
+    """``fn`` (a seed's task) as a Ray remote function declared with `seed_task_options`: in the
+    declaration, because Ray refuses ``max_calls`` in ``.options()`` and gives a GPU task a
+    process of its own only when it is declared with its GPUs (ray-project/ray#29624)."""
+    import ray
+
+    return ray.remote(**seed_task_options(study))(fn)
+
+
 _RELAY: list[Any] = []  # this trial process's relay queue (made on first use)
 
 
@@ -423,7 +438,7 @@ def _parallel_seeds(
 
     seeds = payload.study.search.seeds
     queue = _relay_queue()
-    task = ray.remote(_seed_task).options(**seed_task_options(payload.study))
+    task = seed_remote(payload.study)
     pending = {task.remote(payload, config, hp, child, trial_id, s, queue): s for s in seeds}
     epochs: dict[int, dict[int, dict[str, float]]] = {s: {} for s in seeds}
     results: dict[int, Any] = {}
