@@ -95,10 +95,11 @@ IDLE_WORKER_KEEP_MS = 30_000
 
 def local_system_config() -> dict[str, int]:
     """Ray settings of a local Ray that calibtune starts: idle worker processes are kept
-    `IDLE_WORKER_KEEP_MS` (Ray kills an idle process beyond ``num_workers_soft_limit``, the CPU
-    count, after 1 s; a study's trial and relay processes count against that limit, so between
-    two trials the seed tasks' processes, torch and MLflow imported, died and the next seeds
-    paid 10–18 s each for fresh ones on the 2-core box; bench/README.md, "Cluster use").
+    `IDLE_WORKER_KEEP_MS` (Ray kills an idle process after 1 s whenever the idle processes
+    outnumber the free CPUs, its default soft limit: between one trial's seeds and the next
+    trial's, while other seeds train, the seed processes, torch and MLflow imported, died and
+    the next seeds paid 10–18 s each for fresh ones on the 2-core box; bench/README.md,
+    "Seed processes kept between trials").
     ``RAY_idle_worker_killing_time_threshold_ms`` set by the user wins. A cluster's settings
     are its own (``ray start``).
 
