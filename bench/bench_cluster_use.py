@@ -157,6 +157,8 @@ def main() -> int:
         "startup_s": round(first - started, 1),
         # the same from the first seed run's start to the last one's end
         "busy_by_run_spans_after_startup": round(busy / args.slots / (last - first), 3),
+        # after the last seed run closed: the driver's end of the study (summary, figures)
+        "tail_s": round(started + wall - last, 1),
     }
     print(json.dumps(out, indent=1))
     if args.json:

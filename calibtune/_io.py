@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write"]
+__all__ = ["atomic_write", "cache_home"]
+
+
+def cache_home() -> Path:
+    """calibtune's folder for caches of this machine (``$XDG_CACHE_HOME/calibtune``, by default
+    ``~/.cache/calibtune``): what may be thrown away at any time and made again."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "calibtune"
 
 
 def atomic_write(path: str | os.PathLike[str] | Any, text: str) -> None:

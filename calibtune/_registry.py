@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -184,20 +184,30 @@ class Entry(Generic[T]):
 
     def resolve(self, **kwargs: Any) -> dict[str, Any]:
         """Validate ``kwargs`` against the declared params and fill in defaults."""
-        known = {p.name for p in self.params}
-        unknown = sorted(set(kwargs) - known)
-        if unknown:
-            raise ValueError(
-                f"{self.name}: unknown parameter {unknown[0]!r}; expected one of "
-                f"{', '.join(sorted(known)) or '(none)'}"
-            )
-        out = {}
-        for p in self.params:
-            if p.name in kwargs:
-                out[p.name] = p.validate(kwargs[p.name], owner=self.name)
-            else:
-                out[p.name] = p.default
-        return out
+        return resolve_params(self.name, self.params, kwargs)
+
+
+def resolve_params(
+    owner: str, params: Sequence[Param], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Validate ``kwargs`` against ``params`` (an `Entry`'s declaration, owned by ``owner``) and
+    fill in the defaults: what `Entry.resolve` does, for a caller that kept the declaration but
+    not the factory (a study's trial process resolves a loss's values without importing torch).
+
+    >>> resolve_params("w", (Param("gamma", 1.0, low=0.0), Param("n", 3, kind="int")), {"gamma": 2})
+    {'gamma': 2.0, 'n': 3}
+    """
+    known = {p.name for p in params}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise ValueError(
+            f"{owner}: unknown parameter {unknown[0]!r}; expected one of "
+            f"{', '.join(sorted(known)) or '(none)'}"
+        )
+    return {
+        p.name: p.validate(kwargs[p.name], owner=owner) if p.name in kwargs else p.default
+        for p in params
+    }
 
 
 class Registry(Generic[T]):

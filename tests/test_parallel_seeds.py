@@ -176,7 +176,7 @@ SEED_PROCESSES = """
 import os
 import ray
 from calibtune.study._config import study_from_text
-from calibtune.study._trainable import seed_remote
+from calibtune.study._trainable import seed_remote, seed_task_options
 
 ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
 TEXT = "name: s\\nlosses: [cross_entropy]\\nsearch: {seeds: [1, 2, 3]}\\n"
@@ -187,7 +187,7 @@ def probe():
 
 
 for label, extra in (("cpu", ""), ("gpu", "trial: {scaling: {resources_per_worker: {GPU: 1}}}\\n")):
-    task = seed_remote(study_from_text(TEXT + extra, "s"), probe)
+    task = seed_remote(seed_task_options(study_from_text(TEXT + extra, "s")), probe)
     seen = [ray.get(task.remote()) for _ in range(3)]
     print(label, len({pid for pid, _ in seen}), sorted({str(dev) for _, dev in seen}))
 ray.shutdown()
@@ -212,3 +212,109 @@ def test_a_seed_on_a_gpu_gets_a_process_of_its_own(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()[-2:]
     assert lines == ["cpu 1 ['None']", "gpu 3 ['0']"], out.stdout
+
+
+TRIAL_PROCESS = """
+import pickle
+import sys
+
+payload, config = pickle.loads(open(sys.argv[1], "rb").read())
+from calibtune.study._trainable import open_trial, seed_remote
+
+hp, child = open_trial(payload, config, "0a1b_00000", "node-a")
+seed_remote(payload.seed_options)
+heavy = [m for m in ("torch", "calibtune.trial", "calibtune.losses") if m in sys.modules]
+print(heavy, hp["loss.gamma"], hp["loss.lam"], child.run_id)
+"""
+
+
+def test_a_trial_process_opens_its_run_and_declares_its_seeds_without_torch(tmp_path):
+    """A trial process of a several-seed study only coordinates: everything it does before its
+    seed tasks start (`open_trial`: the hyperparameters with defaults, its MLflow run; the seed
+    task's declaration) runs without torch or the trial engine, whose imports (≈ 2 s of CPU)
+    would be taken from the seeds training beside it. On the previous code the hyperparameters
+    imported the loss registry (torch) and the seed options the trial engine."""
+    import pickle
+    import subprocess
+    import sys
+
+    from calibtune.study._config import study_from_text
+    from calibtune.study._trainable import StudyPayload
+
+    text = "name: s\nlosses: [{name: fcl, params: {gamma: 2.5}}]\nsearch: {seeds: [1, 2]}\n"
+    study = study_from_text(text, "s")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    exp = client.create_experiment("s")
+    parent = client.create_run(exp).info.run_id
+    payload = StudyPayload(study, uri, exp, parent, str(tmp_path / "trials"))
+    (tmp_path / "payload.pkl").write_bytes(pickle.dumps((payload, {"loss": "fcl"})))
+    out = subprocess.run(
+        [sys.executable, "-c", TRIAL_PROCESS, str(tmp_path / "payload.pkl")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    heavy, gamma, lam, run_id = out.stdout.strip().splitlines()[-1].rsplit(" ", 3)
+    assert heavy == "[]" and (float(gamma), float(lam)) == (2.5, 1.5)  # lam: its default
+    trial_run = client.get_run(run_id)
+    assert trial_run.data.params["loss.gamma"] == "2.5"
+    assert trial_run.data.tags["calibtune.node_id"] == "node-a"
+
+
+def test_a_seed_reporting_its_epochs_keeps_its_slot(ray_session, tmp_path):
+    """A seed's epoch reports (`_EpochRelay`) never wait for the relay queue's answer: a Ray task
+    blocked in ``ray.get`` lends its CPUs to other tasks, so another seed would start in its slot
+    (on the 2-core bench, a fifth seed process importing torch beside four training). Here the
+    queue's actor takes 1 s per report, and a task asking for all the CPUs waits until the seed
+    has ended; on the previous code (``Queue.put``: ``ray.get``) it ran while the seed waited."""
+    import time
+
+    import ray
+
+    from calibtune.study._trainable import _EpochRelay
+
+    @ray.remote(num_cpus=0)
+    class SlowQueue:  # stands in for the relay queue's actor on a busy node
+        def __init__(self):
+            self.items = []
+
+        def put_nowait(self, item):
+            time.sleep(1.0)
+            self.items.append(item)
+
+        def received(self):
+            return self.items
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    marker = tmp_path / "seed-started"
+
+    @ray.remote(num_cpus=cpus)
+    def seed(queue):
+        start = time.time()
+        marker.write_text("")
+        relay = _EpochRelay(queue, "trial", 1)
+        for epoch in (1, 2):
+            relay.on_epoch(epoch, {"epoch": epoch, "val/ece": 0.25, "note": "x"})
+        time.sleep(0.5)
+        return start, time.time()
+
+    @ray.remote(num_cpus=cpus)
+    def other():
+        return time.time()
+
+    queue = SlowQueue.remote()
+    ray.get(queue.__ray_ready__.remote())
+    first = seed.remote(queue)
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    second = other.remote()
+    (start, end), began = ray.get(first), ray.get(second)
+    assert began >= end, (start, began, end)
+    deadline = time.time() + 30
+    while len(got := ray.get(queue.received.remote())) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert sorted(got) == [("trial", 1, e, {"epoch": float(e), "val/ece": 0.25}) for e in (1, 2)]

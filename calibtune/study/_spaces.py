@@ -27,7 +27,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from calibtune._registry import Param
+from calibtune._registry import Param, resolve_params
 from calibtune._validate import check_finite_number
 from calibtune._yaml import YamlError, YamlSyntaxError, cut, excerpt, load_file
 
@@ -193,12 +193,20 @@ def parse_param_space(raw: Any, params: Mapping[str, Param], where: str, owner: 
 
 @dataclass(frozen=True)
 class LossSpace:
-    """A search space over one registered loss's hyperparameters (a ``search_spaces/*.yaml``)."""
+    """A search space over one registered loss's hyperparameters (a ``search_spaces/*.yaml``),
+    with the loss's declared hyperparameters (``params``, its registry entry's): a trial resolves
+    its values with them (`resolve`) without importing the losses, so a process that only
+    coordinates a trial's seeds never loads torch."""
 
     loss: str
     space: Space
+    params: tuple[Param, ...]
     path: str | None = None
     description: str = ""
+
+    def resolve(self, **values: Any) -> dict[str, Any]:
+        """The loss's hyperparameters: ``values`` validated, defaults filled (`Entry.resolve`)."""
+        return resolve_params(self.loss, self.params, values)
 
 
 LOSS_SPACE_KEYS = ("loss", "description", "params")
@@ -230,7 +238,7 @@ def parse_loss_space(raw: Any, where: str, path: str | None = None) -> LossSpace
     if not isinstance(desc, str):
         raise SpaceError(f"{where}.description: expected a string, got {excerpt(desc)}")
     _build_each(name, space, f"{where}.params")
-    return LossSpace(name, space, path, desc)
+    return LossSpace(name, space, entry.params, path, desc)
 
 
 def _build_each(loss: str, space: Space, where: str) -> None:

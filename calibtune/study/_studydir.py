@@ -33,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from calibtune._io import cache_home
 from calibtune._names import check_name
 from calibtune._yaml import load_text
 from calibtune.storage import Storage, StorageError, StorageLockedError, hold_lock, open_storage
@@ -185,8 +186,7 @@ class StudyDir:
         the study folder on a disk, a cache folder for a study in a bucket."""
         if self.path.is_local:
             return self.path.local_path()
-        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        return base / "calibtune" / "studies" / self.path.scheme / self.path.path
+        return cache_home() / "studies" / self.path.scheme / self.path.path
 
     def has_tune_state(self) -> bool:
         return (self.path / TUNER_FILE).exists()

@@ -19,6 +19,7 @@ import os
 import platform
 import re
 import shutil
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from calibtune import __version__
+from calibtune._io import cache_home
 from calibtune.metrics import keys as K
 
 # Lazy: MLflow, Optuna, Ray, torch and `calibtune.trial` are imported by the functions that use
@@ -159,6 +161,10 @@ def store_created_meanwhile(uri: str) -> Any:
     at a file that was then removed. Other stores (an existing file, a server) are left to the
     first client, as is any failure here (the client then reports it).
 
+    The tables come from a copy of an empty store this machine made before with the same
+    schema (`_schema_template`), so only the first new store per MLflow schema pays for the
+    migrations.
+
     MLflow's modules are imported here, before the thread starts: the thread then only runs
     MLflow's migration scripts, which nothing in the block imports (concurrent imports of one
     package from two threads could meet a circular import half-done). The block must not open
@@ -170,17 +176,21 @@ def store_created_meanwhile(uri: str) -> Any:
         yield
         return
     import sqlalchemy
-    from mlflow.store.db.utils import _initialize_tables
+    from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
 
     new = db.with_name(f".{db.name}.{os.getpid()}.new")
+    revision = _get_latest_schema_revision()
 
     def create() -> None:
         try:
+            if _from_template(new, revision):
+                return
             engine = sqlalchemy.create_engine(f"sqlite:///{new}")
             try:
                 _initialize_tables(engine)
             finally:
                 engine.dispose()  # no connection left open on the file
+            _keep_template(new, revision)
         except Exception:  # e.g. a full disk: a half-made store is never moved into place
             new.unlink(missing_ok=True)
 
@@ -196,6 +206,43 @@ def store_created_meanwhile(uri: str) -> Any:
     with contextlib.suppress(OSError):  # e.g. a database appeared meanwhile: that one stays
         os.link(new, db)
     new.unlink(missing_ok=True)
+
+
+def _schema_template(revision: str) -> Path:
+    """This machine's empty SQLite store with MLflow's tables at schema ``revision`` (alembic's
+    head): a new store is a copy of it, not ≈ 1–2 s of MLflow's migrations again."""
+    return cache_home() / "mlflow-schema" / f"{revision}.db"
+
+
+def _from_template(new: Path, revision: str) -> bool:
+    """Copy the template of ``revision`` to ``new``; False (and no ``new``) when there is none
+    or the copy is not a store at that revision (then the migrations make it)."""
+    template = _schema_template(revision)
+    if not template.is_file():
+        return False
+    shutil.copyfile(template, new)
+    try:
+        with contextlib.closing(sqlite3.connect(new)) as con:
+            (found,) = con.execute("select version_num from alembic_version").fetchone()
+    except (sqlite3.Error, TypeError, ValueError):
+        found = None
+    if found != revision:
+        new.unlink()
+        return False
+    return True
+
+
+def _keep_template(made: Path, revision: str) -> None:
+    """Keep a copy of the store just made by the migrations as `_schema_template` (complete or
+    not at all; a cache that cannot be written is only a cache)."""
+    template = _schema_template(revision)
+    part = template.with_name(f".{template.name}.{os.getpid()}.part")
+    try:
+        template.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(made, part)
+        os.replace(part, template)
+    except OSError:
+        part.unlink(missing_ok=True)
 
 
 class StoreFullError(ValueError):

@@ -30,7 +30,7 @@ import json
 import math
 import traceback
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ __all__ = [
     "failure_reason",
     "finished_twin",
     "hyperparameters",
+    "open_trial",
     "remember_config",
     "seed_remote",
     "seed_task_options",
@@ -77,13 +78,20 @@ DRIVER_RESOURCES = {"cpu": 0.0, "memory": float(1024**2)}
 
 @dataclass(frozen=True)
 class StudyPayload:
-    """Everything a Tune trial needs besides its sampled config (passed by tune.with_parameters)."""
+    """Everything a Tune trial needs besides its sampled config (passed by tune.with_parameters).
+    ``seed_options`` (`seed_task_options`, filled in by the driver when not given): so that a
+    trial process, which only coordinates its seeds, never loads the trial engine (torch)."""
 
     study: StudyConfig  # validated once by the driver; workers never re-read files
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
     trials_dir: str
+    seed_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.seed_options:
+            object.__setattr__(self, "seed_options", seed_task_options(self.study))
 
 
 def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: str) -> dict:
@@ -130,16 +138,15 @@ def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: 
 
 
 def hyperparameters(study: StudyConfig, sampled: Mapping[str, Any]) -> dict[str, Any]:
-    """The trial's resolved hyperparameters only: its loss's (defaults filled) and searched keys."""
-    from calibtune.losses import LOSSES
-
+    """The trial's resolved hyperparameters only: its loss's (defaults filled) and searched keys.
+    Without torch: the loss's declaration travels with the study (`LossSpace.resolve`)."""
     label = sampled["loss"]
     choice = study.loss(label)
     raw = {
         **choice.loss.space.fixed,
         **{k: decode(v) for k, v in dict(sampled.get(label) or {}).items()},
     }
-    resolved = LOSSES.get(choice.loss.loss).resolve(**raw)
+    resolved = choice.loss.resolve(**raw)
     out: dict[str, Any] = {"loss": choice.loss.loss, "loss_label": label}
     out.update({f"loss.{k}": v for k, v in resolved.items()})
     out.update(dict(sampled.get("trial") or {}))
@@ -289,6 +296,28 @@ def _local_study_folder(payload: StudyPayload) -> str | None:
     return str(trials.parent.local_path()) if trials.is_local else None
 
 
+def open_trial(
+    payload: StudyPayload, config: Mapping[str, Any], trial_id: str, node: str
+) -> tuple[dict[str, Any], ChildRun]:
+    """The trial's resolved hyperparameters and its MLflow run, opened (or reopened: keyed by
+    the Tune trial id) on ``node``: all a trial process does before its seeds start, with
+    neither torch nor the trial engine loaded (tests/test_parallel_seeds.py)."""
+    hp = hyperparameters(payload.study, config)
+    label = config["loss"]
+    child = ChildRun(
+        payload.tracking_uri,
+        payload.experiment_id,
+        payload.parent_run_id,
+        key=trial_id,
+        name=_run_name(label, hp, payload.study.search.seeds),
+    )
+    child.open(
+        params=hp,
+        tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
+    )
+    return hp, child
+
+
 def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     """Tune function trainable: one sampled config, trained once per seed via the trial engine."""
     import ray
@@ -299,20 +328,8 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
         watch_retries(folder)  # the study folder: the driver tells of them
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
-    label = config["loss"]
-    hp = hyperparameters(study, config)
-    child = ChildRun(
-        payload.tracking_uri,
-        payload.experiment_id,
-        payload.parent_run_id,
-        key=trial_id,
-        name=_run_name(label, hp, study.search.seeds),
-    )
     node = ray.get_runtime_context().get_node_id()
-    child.open(
-        params=hp,
-        tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
-    )
+    hp, child = open_trial(payload, config, trial_id, node)
     try:
         if len(study.search.seeds) == 1:
             results = [_seed_run(payload, config, hp, child, trial_id, study.search.seeds[0])]
@@ -374,9 +391,13 @@ def seed_task_options(study: StudyConfig) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _EpochRelay:
     """`TrialCallback` of one seed: each epoch's scalars to the trial's relay queue, tagged with
-    the Tune trial id and the seed (a reused trial process keeps its queue across trials)."""
+    the Tune trial id and the seed (a reused trial process keeps its queue across trials).
+    Sent without waiting for the queue's answer: a task blocked in ``ray.get`` lends its CPUs
+    to other tasks meanwhile, so waiting would let another seed start in this seed's slot (a
+    fresh process importing torch beside the seeds training). A lost report costs nothing: the
+    trial takes every epoch from the seed's result at its end."""
 
-    queue: Any  # ray.util.queue.Queue
+    queue: Any  # the relay queue's actor (`ray.util.queue.Queue.actor`)
     trial_id: str
     seed: int
 
@@ -386,7 +407,7 @@ class _EpochRelay:
 
     def on_epoch(self, epoch: int, metrics: Mapping[str, Any]) -> None:
         row = {k: float(v) for k, v in metrics.items() if _scalar(v)}
-        self.queue.put((self.trial_id, self.seed, epoch, row))
+        self.queue.put_nowait.remote((self.trial_id, self.seed, epoch, row))
 
     def on_trial_end(self, metrics: Mapping[str, float], artifacts_dir: Path) -> None:
         pass
@@ -404,17 +425,18 @@ def _seed_task(
     """One seed of a trial, in its own Ray task (`seed_task_options`)."""
     if (folder := _local_study_folder(payload)) is not None:
         watch_retries(folder)
-    relay = _EpochRelay(queue, trial_id, seed)
+    relay = _EpochRelay(queue.actor, trial_id, seed)
     return _seed_run(payload, config, hp, child, trial_id, seed, extra=[relay])
 
 
-def seed_remote(study: StudyConfig, fn: Any = _seed_task) -> Any:
-    """``fn`` (a seed's task) as a Ray remote function declared with `seed_task_options`: in the
-    declaration, because Ray refuses ``max_calls`` in ``.options()`` and gives a GPU task a
-    process of its own only when it is declared with its GPUs (ray-project/ray#29624)."""
+def seed_remote(options: Mapping[str, Any], fn: Any = _seed_task) -> Any:
+    """``fn`` (a seed's task) as a Ray remote function declared with ``options``
+    (`seed_task_options`): in the declaration, because Ray refuses ``max_calls`` in
+    ``.options()`` and gives a GPU task a process of its own only when it is declared with its
+    GPUs (ray-project/ray#29624)."""
     import ray
 
-    return ray.remote(**seed_task_options(study))(fn)
+    return ray.remote(**options)(fn)
 
 
 _RELAY: list[Any] = []  # this trial process's relay queue (made on first use)
@@ -438,7 +460,7 @@ def _parallel_seeds(
 
     seeds = payload.study.search.seeds
     queue = _relay_queue()
-    task = seed_remote(payload.study)
+    task = seed_remote(payload.seed_options)
     pending = {task.remote(payload, config, hp, child, trial_id, s, queue): s for s in seeds}
     epochs: dict[int, dict[int, dict[str, float]]] = {s: {} for s in seeds}
     results: dict[int, Any] = {}

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from calibtune._io import cache_home
 from calibtune.storage import Storage, open_storage
 from calibtune.trial._checkpoint import save_tensors
 from calibtune.trial._config import TrialConfig, save_config
@@ -62,8 +63,7 @@ def local_stage(where: str | os.PathLike[str] | Storage) -> Iterator[Path]:
         local.mkdir(parents=True, exist_ok=True)
         yield local
         return
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    local = base / "calibtune" / "stage" / target.scheme / target.path
+    local = cache_home() / "stage" / target.scheme / target.path
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
     yield local
