@@ -15,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from calibtune.study._config import load_study
+from calibtune.study._optuna import flat_params
 from calibtune.study._progress import _refresher, drain_summaries
 from calibtune.study._tracking import (
     PARENT,
@@ -265,3 +266,69 @@ def test_a_trial_folder_in_the_storage_holds_its_results_alone(tmp_path: Path) -
     assert [sorted(q.name for q in p.iterdir()) for p in folders] == [["result.json"]] * 2
     assert sorted(r.metrics_dataframe["score"].tolist() for r in grid) == [[10, 11], [20, 21]]
     assert sorted(r.config["i"] for r in grid) == [10, 20]
+
+
+class _Restored:
+    """What `replay` uses of a restored Tune controller: its trial list, its searcher (Tune's
+    `SearchGenerator` over the study's own), its storage."""
+
+    def __init__(self, storage: Any, trials: list, search_alg: Any) -> None:
+        self._storage, self._trials, self._search_alg = storage, trials, search_alg
+
+    def get_trials(self) -> list:
+        return self._trials
+
+    def add_trial(self, trial: Any) -> None:
+        self._trials.append(trial)
+
+
+@pytest.mark.usefixtures("ray_session")  # a replayed trial makes its local folder in Ray's
+@pytest.mark.parametrize("searcher_saved", ["before the second start", "after it"])
+def test_a_replayed_start_counts_once_however_new_the_searchers_state(
+    tmp_path: Path, searcher_saved: str
+) -> None:
+    """A resume whose Tune trial list holds trial ``a`` and whose start records hold ``a`` and
+    ``b``. The searcher's state was saved either before ``b`` started (``b`` is news to it) or
+    after (a full disk stopped Tune's save between the searcher's files and the trial list:
+    issue 29's note of stop 37). Either way the round has taken 2 samples and Optuna holds one
+    trial per Tune trial; the code before counted ``b`` twice when the searcher already knew it
+    (the round ended a trial early: "1 not run") and left a second Optuna trial RUNNING."""
+    from ray.train._internal.storage import StorageContext
+    from ray.tune import PlacementGroupFactory
+    from ray.tune.experiment import Trial
+    from ray.tune.registry import register_trainable
+    from ray.tune.search import SearchGenerator
+
+    from calibtune.storage import open_storage
+    from calibtune.study._scheduling import record_start, replay
+    from calibtune.study._search import _searcher
+
+    study = load_study(Path(__file__).parents[1] / "studies" / "quickstart.yaml")
+    limiter = _searcher(study, [])
+    search_alg = SearchGenerator(limiter)
+    known = "ab" if searcher_saved == "after it" else "a"  # what the searcher's state holds
+    config = {i: limiter.suggest(i) for i in known}  # the study's own configs
+    config.setdefault("b", _searcher(study, []).suggest("b"))
+    search_alg._counter = len(known)
+    register_trainable("replayed_trainable", lambda config: None)
+    storage = StorageContext(storage_path=str(tmp_path), experiment_dir_name="exp")
+    trials, cpu = {}, PlacementGroupFactory([{"CPU": 1}])
+    for i in "ab":
+        trials[i] = Trial(
+            "replayed_trainable", config=config[i], trial_id=i, placement_group_factory=cpu
+        )
+        trials[i].set_storage(storage)
+        trials[i].create_placement_group_factory()  # as Tune adds a trial
+    folder = open_storage(tmp_path / "starts")
+    for i in "ab":
+        record_start(folder, trials[i])
+    controller = _Restored(storage, [trials["a"]], search_alg)
+    assert replay(controller, folder) == {"a", "b"}
+    assert [t.trial_id for t in controller.get_trials()] == ["a", "b"]
+    assert search_alg._counter == 2
+    ot = limiter.searcher._ot_study
+    assert [t.state.name for t in ot.trials] == ["RUNNING", "RUNNING"]
+    assert sorted(limiter.searcher._ot_trials) == ["a", "b"]
+    assert limiter.live_trials == {"a", "b"}
+    b = ot.trials[limiter.searcher._ot_trials["b"].number]
+    assert b.params and b.params.items() <= flat_params(config["b"]).items()

@@ -277,21 +277,27 @@ def replay(controller: Any, folder: Any) -> set[str]:
         trial.set_status("PENDING")
         _register(controller._search_alg, trial)
         controller.add_trial(trial)
+    if recorded - present and hasattr(controller._search_alg, "_counter"):
+        # every trial of the round is one sample of its searcher, however old or new the
+        # searcher's saved state is against the trial list's (a full disk can stop a save
+        # between the two files): counting the replayed ones on top would end the round early
+        controller._search_alg._counter = len(controller.get_trials())
     return recorded | present
 
 
 def _register(search_alg: Any, trial: Any) -> None:
-    """Tell the searcher of a replayed trial: one more sample taken (Tune's `SearchGenerator`
-    counter), live in the `ConcurrencyLimiter`, a running Optuna trial with its parameters
-    (`calibtune.study._optuna.register_running`)."""
+    """Tell the searcher of a replayed trial what its restored state lacks: live in the
+    `ConcurrencyLimiter`, a running Optuna trial with its parameters
+    (`calibtune.study._optuna.register_running`) unless the searcher's state, saved after the
+    trial started, already maps it (a second Optuna trial would be left RUNNING for good)."""
     from calibtune.study._optuna import register_running
 
-    search_alg._counter = getattr(search_alg, "_counter", 0) + 1
     limiter = getattr(search_alg, "searcher", None)
     inner = getattr(limiter, "searcher", limiter)
     if hasattr(limiter, "live_trials"):
         limiter.live_trials.add(trial.trial_id)
-    if inner is not None and hasattr(inner, "_ot_trials"):
+    known = getattr(inner, "_ot_trials", None)
+    if known is not None and trial.trial_id not in known:
         register_running(inner, trial.trial_id, trial.config)
 
 
