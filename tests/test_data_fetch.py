@@ -260,13 +260,15 @@ def test_fetch_writes_the_layout_the_loaders_read(
     assert len(load_ood("svhn", root=root).dataset) == 30
     assert load_ood("cifar10c", root=root, severity=2).dataset.images[0, 0, 0, 0] == 20
     assert len(load_splits("tiny_imagenet", root=root).test) == 2
-    # nothing left behind but the stamps and the lock; archives removed after unpacking
+    # nothing left behind but the stamps, the lock and Tiny-ImageNet's decoded cache (issue
+    # 40); archives removed after unpacking
     state = sorted(
         p.relative_to(root / STATE_DIR).as_posix()
         for p in (root / STATE_DIR).rglob("*")
         if p.is_file()
     )
-    assert state == ["lock"] + [
+    assert state[0].startswith("decoded/tiny_imagenet-") and state[0].endswith(".npy")
+    assert state[1:] == ["lock"] + [
         f"stamps/{n}.json" for n in sorted(("cifar10", "svhn", "cifar10c", "tiny_imagenet"))
     ]
     # fetched again: nothing downloaded

@@ -285,10 +285,8 @@ ALLOWED = {
     "calibtune/data/_shift.py::dataset_labels": "labels of a host dataset",
     "calibtune/data/_shift.py::load_shift": "reads files into host memory",
     "calibtune/data/_shift.py::_noisy_val_floats": "shift set generated in host memory",
-    "calibtune/data/_tiny_imagenet.py::ImageFiles.__init__": "host dataset constants",
-    "calibtune/data/_tiny_imagenet.py::ImageFiles.__getitem__": "decodes a file (host side)",
-    "calibtune/data/_tiny_imagenet.py::load_tiny_imagenet_splits.subset": "host split indices",
-    "calibtune/data/_tiny_imagenet.py::load_tiny_imagenet_splits": "host labels",
+    "calibtune/data/_tiny_imagenet.py::load_tiny_imagenet_splits.split": "decoded images in "
+    "host memory; DeviceBatches uploads",
     "calibtune/demo.py::synthetic_overconfident": "the demo's synthetic logits, CPU only",
     "calibtune/losses/_adafocal.py::initial_edges": "module construction: the buffer moves "
     "with the module (`.to(device)`)",

@@ -18,6 +18,8 @@ from calibtune.models import build_model
 from calibtune.training import LoopSpec, NonFiniteLossError, train_epochs
 from calibtune.training import _loop as loop
 from calibtune.training import _utilisation as util
+from calibtune.trial import _placement as placement
+from calibtune.trial import _worker as worker
 from calibtune.trial import config_from_dict
 from calibtune.trial._driver import check_resources
 from calibtune.trial._placement import hold_share, worker_bundle
@@ -26,10 +28,15 @@ ROOT = Path(__file__).resolve().parents[1]
 CUDA0 = torch.device("cuda", 0)
 
 
+GIB = 2**30
+
+
 @pytest.fixture
 def fake_cuda(monkeypatch):
-    """`torch.cuda` as seen on a GPU machine: the calls that the share and the monitor make are
-    recorded and answered."""
+    """A GPU machine as seen from below the functions under test: CUDA's lazy init, the current
+    device, the memory queries and the C setter of the memory fraction are answered and recorded;
+    torch's own ``set_per_process_memory_fraction`` (its device and range checks) runs for real.
+    """
     calls: dict[str, list] = {"fraction": [], "util": 0}
 
     def utilization(device=None):
@@ -37,11 +44,19 @@ def fake_cuda(monkeypatch):
         return 40
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", lambda: None)
+    monkeypatch.setattr(torch.cuda.memory, "_lazy_init", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(
-        torch.cuda,
-        "set_per_process_memory_fraction",
-        lambda f, d=None: calls["fraction"].append((f, d)),
+        torch._C,
+        "_cuda_setMemoryFraction",
+        lambda f, d: calls["fraction"].append((f, d)),
+        raising=False,
     )
+    # 80 GiB device; this process: 1 GiB context outside a 0.5 GiB allocator reservation
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (60 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: GIB // 2)
+    monkeypatch.setattr(placement, "_nvml_process_used", lambda d: GIB + GIB // 2)
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 3 * 2**29)
     monkeypatch.setattr(torch.cuda, "utilization", utilization)
@@ -71,22 +86,80 @@ def test_four_packed_trials_each_cap_their_memory_and_compile_threads(fake_cuda,
     bundle = worker_bundle(_scaling(resources_per_worker={"GPU": 0.25, "CPU": 3}))
     assert bundle == {"CPU": 3.0, "GPU": 0.25}
     out = hold_share(bundle, CUDA0)
-    assert fake_cuda["fraction"] == [(0.25, CUDA0)]
-    assert out == {"compile_threads": 3, "gpu_memory_fraction": 0.25}
+    # a quarter of the device less this process's 1 GiB context: (0.25 · 80 − 1) / 80
+    cap = (0.25 * 80 - 1) / 80
+    assert fake_cuda["fraction"] == [(pytest.approx(cap, abs=1e-15), 0)]
+    assert out == {"compile_threads": 3, "gpu_memory_fraction": pytest.approx(cap, abs=1e-15)}
     import os
 
     assert os.environ["TORCHINDUCTOR_COMPILE_THREADS"] == "3"
     assert inductor_threads.compile_threads == 3  # imported already: its config, not only env
 
 
+def test_four_packed_caps_and_their_contexts_fit_on_the_device(fake_cuda, inductor_threads):
+    """Capped at f × total (the old cap) or at f × (total − overhead), four quarter trials plus
+    their four contexts exceed the device; capped at f × total − overhead they fit exactly."""
+    share = 0.25
+    cap = hold_share({"CPU": 1.0, "GPU": share}, CUDA0)["gpu_memory_fraction"]
+    total, context = 80 * GIB, GIB
+    assert 4 * (cap * total + context) == total
+    assert 4 * (share * total + context) > total  # the old cap
+    assert 4 * (share * (total - context) + context) > total
+
+
+def test_a_local_trial_unindexed_cuda_device_gets_the_current_index(fake_cuda, inductor_threads):
+    """``calibtune train --use-gpu``: a local trial's ``cuda`` (no index) reached torch's
+    ``set_per_process_memory_fraction``, which refuses it (``Expected a torch.device with a
+    specified index``), for a whole GPU as for a share."""
+    with pytest.raises(ValueError, match="specified index"):
+        torch.cuda.set_per_process_memory_fraction(1.0, torch.device("cuda"))  # torch's rule
+    for share in (1.0, 0.5):
+        fake_cuda["fraction"].clear()
+        hold_share({"CPU": 1.0, "GPU": share}, torch.device("cuda"))
+        assert [d for _, d in fake_cuda["fraction"]] == [0]
+    assert placement.indexed_device("cuda") == CUDA0
+
+
+def test_without_nvml_the_overhead_is_read_from_the_device_and_bounded(
+    fake_cuda, monkeypatch, inductor_threads
+):
+    monkeypatch.setattr(placement, "_nvml_process_used", lambda d: None)
+    overhead, total, how = placement.process_overhead(CUDA0)  # 80 − 60 − 0.5 GiB, at most 2 GiB
+    assert (overhead, total, how) == (placement.MAX_CONTEXT_OVERHEAD, 80 * GIB, "mem_get_info")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (79 * GIB, 80 * GIB))
+    assert placement.process_overhead(CUDA0)[0] == GIB // 2
+
+
 def test_a_whole_gpu_resets_the_cap_and_the_cpu_sets_no_cap(fake_cuda, inductor_threads):
     hold_share(worker_bundle(_scaling()), CUDA0)  # {"CPU": 1, "GPU": 1}: a reused worker
-    assert fake_cuda["fraction"] == [(1.0, CUDA0)]
+    assert fake_cuda["fraction"] == [(1.0, 0)]
     assert hold_share({"CPU": 0.5}, torch.device("cpu")) == {
         "compile_threads": 1,
         "gpu_memory_fraction": None,
     }
-    assert fake_cuda["fraction"] == [(1.0, CUDA0)]
+    assert fake_cuda["fraction"] == [(1.0, 0)]
+
+
+def test_the_local_trial_builds_on_an_indexed_device(fake_cuda, monkeypatch, tmp_path):
+    """The call site: `_build` of a local GPU trial passes ``cuda:<current>`` on, so the memory
+    cap, the RNG capture and NVML all get an index."""
+    seen = []
+    monkeypatch.setattr(worker, "hold_share", lambda bundle, device: seen.append(device))
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(worker, "Precision", stop)
+    cfg = config_from_dict(
+        {"name": "t", "data": {"name": "digits"}, "model": {"name": "mlp"},
+         "scaling": {"num_workers": 0, "use_gpu": True}}
+    )  # fmt: skip
+    with pytest.raises(Stop):
+        worker._build(cfg, {"tune_report": True}, None)
+    assert seen == [CUDA0]
 
 
 def test_the_trial_worker_holds_its_share_before_building_anything():

@@ -132,6 +132,12 @@ def test_two_epoch_trial_reports_every_metric(smoke: dict, loss: str) -> None:
     assert res.epochs_completed == 2 and [h["epoch"] for h in res.history] == [1, 2]
     for h in res.history:
         _epoch_keys(h)
+        # the whole epoch (evaluation, the checkpoint every epoch here) beside the training pass
+        assert h["epoch_time"] >= h["train_time"] + h["checkpoint_time"] > h["train_time"]
+        assert h["epoch_samples_per_s"] == pytest.approx(
+            h["samples_per_s"] * h["train_time"] / h["epoch_time"], rel=1e-12
+        )
+        assert h["epoch_samples_per_s"] < h["samples_per_s"]
     for k in REPORT_KEYS:
         assert f"test/{k}" in res.metrics and f"test/{k}@ts" in res.metrics
     assert "posthoc/ts/T" in res.metrics

@@ -62,8 +62,9 @@ class Splits:
 
     * file-based sets (``cifar10``, ``cifar100``, ``tiny_imagenet``): the augmentation (random
       crop + horizontal flip) lives inside ``train`` — torchvision transforms per sample in
-      ``__getitem__``; for CIFAR, ``DataLoader`` batches go through ``__getitems__``, which draws
-      the same distribution vectorised — and ``augment is None``;
+      ``__getitem__``; the splits are uint8 `NormalizedImages` and ``train``'s
+      ``batch_transform`` draws the same distribution vectorised (``DataLoader`` batches through
+      ``__getitems__``, device batches in ``DeviceBatches``) — and ``augment is None``;
     * embedded sets (``digits``, ``mnist1d``): every split is an in-memory ``TensorDataset``
       (its ``.tensors`` are ``(x, y)``, ``x`` of shape ``(N, *input_shape)``) and ``augment``,
       when not None, is a *batch* augmentation ``(B, *input_shape) -> (B, *input_shape)`` that

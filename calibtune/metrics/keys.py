@@ -107,7 +107,17 @@ SPLITS = ("train", "val", "test", "ood", "posthoc", "adaptive", "study", *SHIFT_
 # Selection must never look at test data: objectives are validation (or training) metrics.
 SELECTABLE_SPLITS = ("val", "train", "val_shift")
 SELECTABLE_PREFIXES = tuple(f"{s}/" for s in SELECTABLE_SPLITS)
-RUN_KEYS = ("epoch", "lr", "train_time", "epoch_time", "samples_per_s")
+#: ``train_time``/``samples_per_s``: the training pass; ``epoch_time``/``epoch_samples_per_s``:
+#: the whole epoch (training, evaluation, epoch metrics and the checkpoint, ``checkpoint_time``)
+RUN_KEYS = (
+    "epoch",
+    "lr",
+    "train_time",
+    "epoch_time",
+    "samples_per_s",
+    "checkpoint_time",
+    "epoch_samples_per_s",
+)
 #: a GPU trial's training pass per epoch (`calibtune.training.DeviceMonitor`): ``gpu_util`` is
 #: device-wide (NVML: % of time any kernel ran, packed trials share it), ``gpu_mem_gib`` this
 #: trial process's own peak allocated memory (what its packed-trial cap limits)

@@ -115,12 +115,29 @@ def cifar_resnet50(shape: Sequence[int], num_classes: int) -> nn.Module:
     return _cifar_stem(ResNet(Bottleneck, [3, 4, 6, 3], num_classes=num_classes), shape[0])
 
 
+def _pool_to_2x2(height: int, width: int) -> nn.Module:
+    """The 2×2 average pool of a ``height``×``width`` last stage: ``nn.AvgPool2d(h/2, w/2)``
+    where both sides are even — the same windows as ``nn.AdaptiveAvgPool2d(2)``, whose CUDA
+    backward has no deterministic kernel (``train.deterministic`` would stop the trial) — else
+    the adaptive pool (overlapping windows).
+
+    >>> _pool_to_2x2(8, 8)
+    AvgPool2d(kernel_size=(4, 4), stride=(4, 4), padding=0)
+    """
+    if height % 2 or width % 2:
+        return nn.AdaptiveAvgPool2d(2)
+    return nn.AvgPool2d((height // 2, width // 2))
+
+
 def tiny_resnet50(shape: Sequence[int], num_classes: int) -> nn.Module:
     """ResNet-50 for 64×64 inputs: the last stage is 8×8, pooled to 2×2 (4·2048 features)."""
     from torchvision.models.resnet import Bottleneck
 
     model = cifar_resnet50(shape, num_classes)
-    model.avgpool = nn.AdaptiveAvgPool2d(2)
+    side = [int(n) for n in shape[1:]]
+    for _ in range(3):  # three stride-2 stages: ⌈n / 2⌉ each
+        side = [(n + 1) // 2 for n in side]
+    model.avgpool = _pool_to_2x2(*side)
     model.fc = nn.Linear(4 * 512 * Bottleneck.expansion, num_classes)
     return model
 

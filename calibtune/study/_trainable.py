@@ -313,9 +313,31 @@ def open_trial(
     )
     child.open(
         params=hp,
-        tags={TAG_LOSS: hp["loss"], "calibtune.loss_label": label, "calibtune.node_id": node},
+        tags={
+            TAG_LOSS: hp["loss"],
+            "calibtune.loss_label": label,
+            "calibtune.node_id": node,
+            TAG_PRECISION: trial_precision(payload.study.trial, hp),
+        },
     )
     return hp, child
+
+
+#: the trial's ``train.precision`` (``fp32`` is float32 with TF32 off; ``tf32`` turns it on)
+TAG_PRECISION = "calibtune.precision"
+
+
+def trial_precision(trial: Mapping[str, Any], hp: Mapping[str, Any]) -> str:
+    """The ``train.precision`` a trial trains at: its searched value, else the study's trial
+    section's, else ``fp32``.
+
+    >>> trial_precision({"train": {"precision": "bf16"}}, {}), trial_precision({}, {})
+    ('bf16', 'fp32')
+    >>> trial_precision({"train": {"precision": "bf16"}}, {"train.precision": "tf32"})
+    'tf32'
+    """
+    train = trial.get("train") or {}
+    return str(hp.get("train.precision", train.get("precision", "fp32")))
 
 
 def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:

@@ -22,7 +22,7 @@ from calibtune.training._loop import (
     lr_schedule,
     train_epochs,
 )
-from calibtune.training._precision import PRECISIONS, Precision, float32_head
+from calibtune.training._precision import PRECISIONS, Precision, float32_head, tf32_enabled
 from calibtune.training._shift import ShiftLogits, epoch_val_shift, shift_logits, shift_metrics
 from calibtune.training._uncertainty import prediction_name
 from calibtune.training._utilisation import cuda_unavailable_reason
@@ -52,6 +52,7 @@ __all__ = [
     "prediction_name",
     "shift_logits",
     "shift_metrics",
+    "tf32_enabled",
     "train_epochs",
     "world_info",
 ]

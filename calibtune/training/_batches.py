@@ -5,15 +5,17 @@ logits (`infer_logits`) and `DeviceBatches`, which hands the loop ``(x, y)`` bat
 the trial's device, whatever the source:
 
 * **resident** in-memory sets — a ``TensorDataset`` (digits, mnist1d) or uint8
-  `calibtune.data.NormalizedImages` (CIFAR-10/100: ~150 MB) — are uploaded once per trial; a
+  `calibtune.data.NormalizedImages` (CIFAR-10/100: ~150 MB; Tiny-ImageNet decoded once:
+  ~1.3 GB) — are uploaded once per trial; a
   batch is indexed on the device, augmented there (the dataset's batch augmentation, vectorised)
   and normalised in one fused ``x·scale + shift`` (airbench, Jordan 2024, keeps CIFAR on the GPU
   the same way);
-* **streamed** sets (Tiny-ImageNet's image files) go through one ``DataLoader`` per owner, with
+* **streamed** sets (any other map-style dataset) go through one ``DataLoader`` per owner, with
   persistent workers and pinned memory on CUDA, copied to the device without blocking.
 
-On the CPU with ``loader_workers > 0`` the CIFAR images keep today's parallel ``DataLoader``
-path (its workers augment in parallel; one in-process pass would be slower on a busy CPU).
+On the CPU with ``loader_workers > 0`` the CIFAR and Tiny-ImageNet images keep the parallel
+``DataLoader`` path (its workers augment in parallel; one in-process pass would be slower on a
+busy CPU).
 No Ray here: sharding uses ``rank``/``world`` integers and `torch.distributed` collectives when a
 process group is initialised, so the loop runs (and is tested) in a bare process too.
 """

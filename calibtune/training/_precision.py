@@ -19,10 +19,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["PRECISIONS", "Precision", "float32_head"]
+__all__ = ["PRECISIONS", "Precision", "float32_head", "tf32_enabled"]
 
-PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+#: autocast dtype per ``train.precision``; ``fp32`` is IEEE float32 throughout (TF32 off for
+#: matmuls and cuDNN convolutions), ``tf32`` float32 tensors with TF32 tensor-core math on
+#: Ampere and later (`tf32_enabled`), neither autocasts
+PRECISIONS = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 _MARK = "_calibtune_float32_head"  # set on a model whose head `float32_head` converted
+
+
+def tf32_enabled(precision: str) -> bool:
+    """Whether ``train.precision`` allows TF32 (10-bit mantissa products, float32 accumulation)
+    in CUDA matmuls and cuDNN convolutions: only ``tf32`` does, so ``fp32`` is float32 on every
+    GPU (torch's default turns TF32 on for cuDNN convolutions from Ampere on) and autocast's
+    float32 regions (the head) stay float32 too.
+
+    >>> tf32_enabled("fp32"), tf32_enabled("tf32"), tf32_enabled("bf16")
+    (False, True, False)
+    """
+    return precision == "tf32"
 
 
 def _autocast_on(device_type: str) -> bool:
@@ -75,9 +90,10 @@ def float32_head(model: nn.Module) -> nn.Module:
 
 @dataclass
 class Precision:
-    """``name``: ``fp32`` (no autocast), ``bf16`` or ``fp16`` (autocast to that dtype; fp16 scales
-    the loss with a ``GradScaler``, whose state the trial checkpoints); ``channels_last``: the
-    model and 4-D batches in NHWC memory format (convolutions on tensor cores want it).
+    """``name``: ``fp32`` or ``tf32`` (no autocast), ``bf16`` or ``fp16`` (autocast to that
+    dtype; fp16 scales the loss with a ``GradScaler``, whose state the trial checkpoints);
+    ``channels_last``: the model and 4-D batches in NHWC memory format (convolutions on tensor
+    cores want it).
 
     >>> p = Precision("bf16", torch.device("cpu"))
     >>> with p.autocast():
@@ -115,13 +131,13 @@ class Precision:
         float32 head (`float32_head`) (in place; returned)."""
         if self.channels_last:
             model.to(memory_format=torch.channels_last)
-        if self.name != "fp32":
+        if PRECISIONS[self.name] is not None:
             float32_head(model)
         return model
 
     def forward(self, model: nn.Module, x: Tensor) -> Tensor:
         """``model(x)``: the body under autocast, the head in float32 (float32 logits)."""
-        if self.name == "fp32":  # per step: no context manager at all
+        if PRECISIONS[self.name] is None:  # per step: no context manager at all
             return model(x).float()
         if not getattr(model, _MARK, False):
             float32_head(model)

@@ -66,7 +66,7 @@ LOSS_REDUCTIONS = ("mean", "sum")
 MAX_EPOCHS = 100_000
 MAX_BATCH = 1 << 24
 SCHEDULES = ("step", "cosine", "constant")
-PRECISIONS = ("fp32", "bf16", "fp16")  # `calibtune.training.Precision`
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # `calibtune.training.Precision`
 SELECT_EPOCHS = ("last", "best")
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")  # Ray placement groups
 
@@ -158,7 +158,7 @@ class TrainConfig:
     checkpoint_every: int = 1  # epochs
     keep_checkpoints: int = 2
     loader_workers: int = 0  # DataLoader processes for file-based sets (in-memory sets: unused)
-    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast of the model's forward (fp16: scaled)
+    precision: str = "fp32"  # fp32 | tf32 | bf16 | fp16 (fp32: TF32 off; autocast for bf16/fp16)
     channels_last: bool = False  # NHWC model and batches (tensor-core convolutions)
     # deterministic algorithms, cuBLAS workspace, no cuDNN autotuning, no TF32 (a bit-reproducible
     # GPU run; `calibtune.trial._worker.determinism`)

@@ -35,6 +35,9 @@ __all__ = [
     "check_placement",
     "check_placement_on_cluster",
     "hold_share",
+    "indexed_device",
+    "memory_cap",
+    "process_overhead",
     "record_placement",
     "worker_bundle",
     "worker_nodes_tag",
@@ -53,18 +56,94 @@ def worker_bundle(scaling: Any) -> dict[str, float]:
     return bundle
 
 
-def hold_share(bundle: Mapping[str, float], device: torch.device) -> dict[str, Any]:
+def indexed_device(device: torch.device | str) -> torch.device:
+    """``device`` with an index where CUDA needs one: ``cuda`` becomes ``cuda:<current device>``
+    (torch's memory-fraction, RNG and NVML calls refuse an unindexed CUDA device); any other
+    device as it is.
+
+    >>> indexed_device("cpu"), indexed_device("cuda:1")
+    (device(type='cpu'), device(type='cuda', index=1))
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+#: The most a process's CUDA context and library handles are taken to hold outside the caching
+#: allocator when NVML cannot say (measured on the device: ≈ 0.5 GiB on an H100 with cuBLAS and
+#: cuDNN loaded); the fallback's device-wide reading also counts other processes' memory.
+MAX_CONTEXT_OVERHEAD = 2 * 2**30
+
+
+def _nvml_process_used(device: torch.device) -> int | None:
+    """This process's memory on ``device`` as NVML reports it (context, library workspaces and
+    the caching allocator's reservations), or None where NVML is missing or does not list this
+    process (a PID namespace: NVML reports the host's pids)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = torch.cuda._get_nvml_device_index(device)
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except Exception:  # no NVML, no driver library, an old driver: fall back
+        return None
+    used = [p.usedGpuMemory for p in procs if p.pid == os.getpid() and p.usedGpuMemory]
+    return int(used[0]) if used else None
+
+
+def process_overhead(device: torch.device) -> tuple[int, int, str]:
+    """``(overhead, total)`` bytes of this process on the CUDA ``device`` and how it was measured:
+    the memory it holds outside the caching allocator (CUDA context, cuBLAS/cuDNN handles), read
+    once the context exists (``torch.cuda.mem_get_info`` creates it).
+
+    overhead = NVML's per-process use − ``memory_reserved`` (``"nvml"``), else
+    min(total − free − ``memory_reserved``, `MAX_CONTEXT_OVERHEAD`) (``"mem_get_info"``)."""
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = int(torch.cuda.memory_reserved(device))
+    used = _nvml_process_used(device)
+    if used is not None:
+        return max(0, used - reserved), int(total), "nvml"
+    return (
+        max(0, min(int(total) - int(free) - reserved, MAX_CONTEXT_OVERHEAD)),
+        int(total),
+        ("mem_get_info"),
+    )
+
+
+def memory_cap(share: float, total: int, overhead: int) -> float:
+    """The caching allocator's fraction of the device for a process holding ``share`` of it:
+    ``(share · total − overhead) / total``, so that the process's whole footprint, its context
+    included, is its share, and ``1/share`` packed processes fit on the device together
+    (``n · (share·total − overhead) + n · overhead = total``; capping the allocator at
+    ``share · (total − overhead)`` would leave ``(n − 1) · overhead`` too many bytes). 1.0 for a
+    whole device (no cap: it resets a reused process's earlier one).
+
+    >>> memory_cap(0.25, 80 * 2**30, 2**30)
+    0.2375
+    >>> memory_cap(1.0, 80 * 2**30, 2**30)
+    1.0
+    """
+    if share >= 1.0:
+        return 1.0
+    return max(share * total - overhead, 0) / total
+
+
+def hold_share(bundle: Mapping[str, float], device: torch.device | str) -> dict[str, Any]:
     """Keep this trial process to the share of the machine its Ray ``bundle`` holds
     (`worker_bundle`): four trials packed with ``{GPU: 0.25}`` must not each grow the caching
     allocator over the whole device, nor each start one inductor compile worker per core.
 
-    * GPU: ``torch.cuda.set_per_process_memory_fraction(f, device)`` with ``f`` the bundle's
-      ``GPU`` (capped at 1; a whole GPU resets a reused worker's earlier cap). An allocation
-      beyond it raises CUDA's out-of-memory error in this trial only. Only on a CUDA device.
+    * GPU: ``torch.cuda.set_per_process_memory_fraction(memory_cap(f, total, overhead), d)``
+      with ``f`` the bundle's ``GPU`` (capped at 1), ``d`` the `indexed_device` (a local trial's
+      ``cuda`` is the current device) and ``overhead`` this process's memory outside the
+      allocator (`process_overhead`). An allocation beyond the cap raises CUDA's out-of-memory
+      error in this trial only. Only on a CUDA device.
     * CPU: ``TORCHINDUCTOR_COMPILE_THREADS`` = the bundle's whole ``CPU`` count (at least 1), and
       inductor's ``compile_threads`` when it is imported already (it reads the variable once).
 
-    Returns ``{"compile_threads": n, "gpu_memory_fraction": f or None}``.
+    Returns ``{"compile_threads": n, "gpu_memory_fraction": cap or None}``.
 
     >>> hold_share({"CPU": 2.0}, torch.device("cpu"))
     {'compile_threads': 2, 'gpu_memory_fraction': None}
@@ -74,12 +153,17 @@ def hold_share(bundle: Mapping[str, float], device: torch.device) -> dict[str, A
     inductor = sys.modules.get("torch._inductor.config")
     if inductor is not None:
         inductor.compile_threads = threads  # type: ignore[attr-defined]
-    fraction = min(float(bundle.get("GPU", 0.0)), 1.0)
+    share = min(float(bundle.get("GPU", 0.0)), 1.0)
     device = torch.device(device)
-    if device.type != "cuda" or fraction <= 0:
+    if device.type != "cuda" or share <= 0:
         return {"compile_threads": threads, "gpu_memory_fraction": None}
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return {"compile_threads": threads, "gpu_memory_fraction": fraction}
+    device = indexed_device(device)
+    cap = 1.0
+    if share < 1.0:
+        overhead, total, _how = process_overhead(device)
+        cap = memory_cap(share, total, overhead)
+    torch.cuda.set_per_process_memory_fraction(float(cap), device)
+    return {"compile_threads": threads, "gpu_memory_fraction": cap}
 
 
 def check_placement(

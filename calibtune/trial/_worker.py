@@ -29,6 +29,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -56,6 +57,7 @@ from calibtune.training import (
     infer_logits,
     lr_schedule,
     shift_logits,
+    tf32_enabled,
     train_epochs,
 )
 from calibtune.trial._artifacts import scalars, write_artifacts
@@ -71,7 +73,12 @@ from calibtune.trial._checkpoint import (
 from calibtune.trial._config import TrialConfig, config_from_dict
 from calibtune.trial._errors import failure
 from calibtune.trial._metrics import shift_sets
-from calibtune.trial._placement import hold_share, record_placement, worker_bundle
+from calibtune.trial._placement import (
+    hold_share,
+    indexed_device,
+    record_placement,
+    worker_bundle,
+)
 from calibtune.trial._select import best_epoch, is_new_best, keep_local, score
 
 # Lazy: Ray (`ray.train`, `ray.tune`) only inside the functions that run in a Ray Train worker,
@@ -101,7 +108,9 @@ def train_loop_per_worker(payload: dict[str, Any]) -> dict[str, Any] | None:
     before = torch.get_num_threads()
     torch.set_num_threads(trial_threads(cfg))
     try:
-        with determinism(cfg.train.deterministic, cfg.scaling.use_gpu):
+        with determinism(
+            cfg.train.deterministic, cfg.scaling.use_gpu, tf32_enabled(cfg.train.precision)
+        ):
             return _train(cfg, payload)
     finally:
         torch.set_num_threads(before)
@@ -137,19 +146,24 @@ _CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")
 
 
 @contextmanager
-def determinism(deterministic: bool, use_gpu: bool) -> Iterator[None]:
-    """The trial's reproducibility flags, restored on exit (a Tune actor runs the next trial).
+def determinism(deterministic: bool, use_gpu: bool, tf32: bool = False) -> Iterator[None]:
+    """The trial's numerics flags, restored on exit (a Tune actor runs the next trial).
 
-    ``deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op without a
-    deterministic implementation raises, naming itself), ``CUBLAS_WORKSPACE_CONFIG=:4096:8``
-    (set here, before the trial's first CUDA call; cuBLAS reads it once per process), cuDNN
-    benchmark off and deterministic on, TF32 off for matmuls and convolutions. Otherwise
-    ``cudnn.benchmark`` is on with a GPU (fixed input shapes: autotune once per shape) and
-    cuDNN keeps torch's default TF32 convolutions: a GPU run is then not bit-reproducible.
+    TF32 in CUDA matmuls and cuDNN convolutions is on exactly when ``tf32`` (``train.precision:
+    tf32``, `calibtune.training.tf32_enabled`): ``fp32`` means IEEE float32, whatever torch's
+    default for cuDNN. ``deterministic``: ``torch.use_deterministic_algorithms(True)`` (an op
+    without a deterministic implementation raises, naming itself),
+    ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` (set here, before the trial's first CUDA call; cuBLAS
+    reads it once per process), cuDNN benchmark off and deterministic on. Otherwise
+    ``cudnn.benchmark`` is on with a GPU (fixed input shapes: autotune once per shape), so a
+    GPU run is not bit-reproducible.
 
     >>> with determinism(True, use_gpu=False):
     ...     torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.allow_tf32
     (True, False)
+    >>> with determinism(False, use_gpu=True, tf32=True):
+    ...     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    (True, True)
     """
     cudnn, matmul = torch.backends.cudnn, torch.backends.cuda.matmul
     saved = (
@@ -165,7 +179,8 @@ def determinism(deterministic: bool, use_gpu: bool) -> Iterator[None]:
         if saved[-1] not in _CUBLAS_DETERMINISTIC:
             os.environ["CUBLAS_WORKSPACE_CONFIG"] = _CUBLAS_DETERMINISTIC[0]
         torch.use_deterministic_algorithms(True)
-        cudnn.deterministic, cudnn.allow_tf32, matmul.allow_tf32 = True, False, False
+        cudnn.deterministic = True
+    cudnn.allow_tf32 = matmul.allow_tf32 = bool(tf32)
     cudnn.benchmark = use_gpu and not deterministic
     try:
         yield
@@ -214,8 +229,9 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
     rank, world = (0, 1) if via_tune else _rank_world()
     device = torch.device("cpu")
     if cfg.scaling.use_gpu:
+        # a local trial holds the indexed current device from the start (memory cap, RNG)
         device = (
-            torch.device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
+            indexed_device("cuda") if cfg.scaling.num_workers == 0 else ray.train.torch.get_device()
         )
     hold_share(worker_bundle(cfg.scaling), device)  # packed trials: memory cap, compile threads
     precision = Precision(cfg.train.precision, device, cfg.train.channels_last)
@@ -340,6 +356,23 @@ def _gather_rngs(world: int, device: torch.device) -> list[dict[str, Any]]:
     return out
 
 
+def whole_epoch(metrics: dict[str, Any], loop_time: float, ckpt: float, after: float) -> None:
+    """The whole epoch's time and throughput, in place: ``epoch_time`` = the loop's (training
+    pass, evaluation, epoch metrics) + ``after`` (this epoch's shift metrics, the checkpoint
+    decision and ``checkpoint_time`` = ``ckpt``), ``epoch_samples_per_s`` = the training
+    samples (``samples_per_s · train_time``) / ``epoch_time``; every rank's checkpoint wait
+    counts.
+
+    >>> m = {"train_time": 2.0, "samples_per_s": 500.0, "epoch_time": 3.0}
+    >>> whole_epoch(m, 3.0, 0.5, 1.0); m["epoch_time"], m["epoch_samples_per_s"]
+    (4.0, 250.0)
+    """
+    samples = float(metrics.get("samples_per_s", 0.0)) * float(metrics.get("train_time", 0.0))
+    metrics["checkpoint_time"] = ckpt
+    metrics["epoch_time"] = loop_time + after
+    metrics["epoch_samples_per_s"] = samples / metrics["epoch_time"] if samples else 0.0
+
+
 class EpochReporter:
     """``on_epoch_end`` of the training loop: checkpoint, log, report — in that order."""
 
@@ -348,13 +381,18 @@ class EpochReporter:
 
     def __call__(self, epoch: int, metrics: dict[str, Any], cache: Any) -> None:
         t = self.t
+        entered, loop_time = time.perf_counter(), float(metrics.get("epoch_time", 0.0))
         if t.cfg.eval.epoch_shift and t.rank == 0:
             metrics.update(_epoch_shift(t, cache))
         t.history.append(metrics)
         failpoint("epoch_end", epoch)
         # val_shift/ keys exist on rank 0 only, and float metrics may differ in the last bits
         due = decided_on_rank0(t.world, self._due(epoch) if t.rank == 0 else None)
+        whole_epoch(metrics, loop_time, 0.0, time.perf_counter() - entered)  # keys checkpointed
+        started = time.perf_counter()
         tmp = self._checkpoint(epoch) if due else None
+        now = time.perf_counter()
+        whole_epoch(metrics, loop_time, now - started, now - entered)
         try:
             failpoint("after_checkpoint", epoch)
             if t.rank == 0:
