@@ -63,7 +63,12 @@ import json
 import os
 import re
 
-__all__ = ["CLUSTER_TRAIN_ENV", "TRAIN_ENV", "apply_train_env", "train_runtime_env"]
+#: the environment of a quiet study's processes (a local Ray's workers inherit it; a cluster's
+#: get it in the job's or the driver's ``runtime_env``): MLflow's INFO lines and its
+#: "Downloading artifacts" progress bars (one per artifact read from another node's trial folder)
+QUIET_ENV = {"MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+
+__all__ = ["CLUSTER_TRAIN_ENV", "QUIET_ENV", "TRAIN_ENV", "apply_train_env", "train_runtime_env"]
 
 # set by Ray's job manager in a submitted job's driver (ray._private.runtime_env.constants)
 _JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"
@@ -100,7 +105,7 @@ def train_runtime_env(address: str | None = None) -> dict[str, dict[str, str]]:
     look the cluster up — Ray Train's placement-group cleaner — otherwise fail on a machine
     running several Ray instances, and a dead trial's workers keep their resources) and, where
     this process is quiet
-    (`calibtune.study._display.QUIET_ENV` set), the quiet settings, less any key a Ray Job's own
+    (`QUIET_ENV` set), the quiet settings, less any key a Ray Job's own
     ``runtime_env`` already sets (Ray refuses a driver that sets the same variable again).
 
     >>> set(TRAIN_ENV) <= set(train_runtime_env()["env_vars"])
@@ -108,8 +113,6 @@ def train_runtime_env(address: str | None = None) -> dict[str, dict[str, str]]:
     >>> [train_runtime_env(a)["env_vars"].get("RAY_ADDRESS") for a in ("10.0.0.1:6379", "auto")]
     ['10.0.0.1:6379', None]
     """
-    from calibtune.study._display import QUIET_ENV
-
     job = json.loads(os.environ.get(_JOB_CONFIG_ENV, "{}") or "{}")
     taken = ((job.get("runtime_env") or {}).get("env_vars") or {}).keys()
     quiet = {k: os.environ[k] for k in QUIET_ENV if k in os.environ}

@@ -30,6 +30,7 @@ from ._ood import (
     load_ood,
     ood_severities,
 )
+from ._reads import check_fetched, sets_read_by
 from ._shift import (
     dataset_labels,
     default_shift,
@@ -44,9 +45,7 @@ from ._sources import FETCH_SETS, Download, FetchSet, fetch_set
 from ._verify import (
     DataVerificationError,
     SetCheck,
-    check_fetched,
     check_stamp,
-    sets_read_by,
     verify_set,
 )
 

@@ -38,13 +38,13 @@ from pathlib import Path, PurePosixPath
 from typing import IO
 
 from ._common import resolve_root
+from ._reads import sets_read_by
 from ._sources import Download, FetchSet, fetch_set
 from ._verify import (
     STATE_DIR,
     forget_stamp,
     md5_file,
     record_stamp,
-    sets_read_by,
     verify_set,
 )
 

@@ -14,25 +14,22 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from .._io import atomic_write
 from ._common import DatasetNotFoundError, resolve_root
-from ._sources import FETCH_SETS, FetchSet, fetch_set
+from ._sources import FetchSet, fetch_set
 
 __all__ = [
     "STATE_DIR",
     "DataVerificationError",
     "SetCheck",
-    "check_fetched",
     "check_stamp",
     "forget_stamp",
     "md5_file",
     "record_stamp",
     "set_files",
-    "sets_read_by",
     "verify_set",
 ]
 
@@ -194,39 +191,3 @@ def verify_set(name: str, root: object = None, *, full: bool = True) -> SetCheck
     with contextlib.suppress(OSError):  # a read-only root: verified now, just not recorded
         record_stamp(base, name, dict(fs.files))
     return SetCheck(name, "ok", f"{len(rels)} files match the published checksums")
-
-
-#: sets read through another set's files (the generated CIFAR-10-C reads CIFAR-10's test set)
-_READS = {"cifar10c_generated": "cifar10"}
-
-
-def sets_read_by(
-    dataset: str, ood: Sequence[str] | None = None, shift: Sequence[str] | None = None
-) -> list[str]:
-    """The `FETCH_SETS` names a trial of ``dataset`` with OOD sets ``ood`` and shift sets
-    ``shift`` reads (None: the dataset's defaults, as in a trial config).
-
-    >>> sets_read_by("cifar10")
-    ['cifar10', 'svhn', 'cifar10c']
-    >>> sets_read_by("digits")
-    []
-    """
-    from ._ood import default_ood
-    from ._shift import default_shift, get_shift
-
-    ood = default_ood(dataset) if ood is None else ood
-    shift = default_shift(dataset) if shift is None else shift
-    names = [dataset, *ood, *(get_shift(s).ood for s in shift)]
-    return [n for n in dict.fromkeys(_READS.get(n, n) for n in names) if n in FETCH_SETS]
-
-
-def check_fetched(
-    dataset: str,
-    root: object,
-    ood: Sequence[str] | None = None,
-    shift: Sequence[str] | None = None,
-) -> None:
-    """`check_stamp` for every set a trial reads (`sets_read_by`): one ``os.stat`` per fetched
-    file, so ``calibtune train`` can refuse a changed file before Ray starts."""
-    for name in sets_read_by(dataset, ood, shift):
-        check_stamp(root, name)

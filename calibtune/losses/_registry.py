@@ -11,14 +11,15 @@ complete as soon as the package is imported.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
+
+from torch import nn
 
 from calibtune._registry import Param, Registry
 
-if TYPE_CHECKING:
-    from ._base import CalibrationLoss
-
-LOSSES: Registry[CalibrationLoss] = Registry("loss")
+# Entries are `CalibrationLoss` subclasses; typed by their base nn.Module so that this module,
+# below ``_base``, imports nothing of it.
+LOSSES: Registry[nn.Module] = Registry("loss")
 
 C = TypeVar("C", bound=type)
 
@@ -41,8 +42,9 @@ def list_losses() -> list[str]:
     return LOSSES.names()
 
 
-def build_loss(name: str, reduction: str = "mean", **params: Any) -> CalibrationLoss:
-    """Build the loss module ``name`` with validated ``params`` (unspecified ones take defaults).
+def build_loss(name: str, reduction: str = "mean", **params: Any) -> Any:
+    """Build the loss module ``name`` (a `CalibrationLoss`) with validated ``params``
+    (unspecified ones take defaults).
 
     Unknown names raise ``ValueError`` listing `list_losses()`; unknown or out-of-range parameters
     raise ``ValueError`` naming the rule ("focal: gamma: expected a number in [0, inf), got -1").

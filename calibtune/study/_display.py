@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from calibtune._raysettings import QUIET_ENV
+
 # Lazy: Ray Tune's Callback base class, only when a study builds its Tune callback, so that the
 # CLI imports this module (progress lines, quiet output) without Ray (bench/bench_cli.py).
 
@@ -119,12 +121,6 @@ def study_slots(study: Any) -> SlotReading:
         return slot_usage(study)
 
     return SlotReading(read)
-
-
-#: the environment of a quiet study's processes (a local Ray's workers inherit it; a cluster's
-#: get it in the job's or the driver's ``runtime_env``): MLflow's INFO lines and its
-#: "Downloading artifacts" progress bars (one per artifact read from another node's trial folder)
-QUIET_ENV = {"MLFLOW_LOGGING_LEVEL": "WARNING", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 
 
 def quiet_output() -> None:

@@ -42,8 +42,7 @@ def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
     digest: logging again after a restore adds nothing). Safe when several processes log the
     same new dataset at once (the trials of a study starting together)."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    from calibtune.study._tracking import _client
+    from mlflow.tracking import MlflowClient
 
     datasets = [
         DatasetInput(
@@ -59,7 +58,8 @@ def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:
         for i in inputs
     ]
     if datasets:
-        _log_inputs_retrying(_client(uri), run_id, datasets)
+        # a plain client: ``log_inputs`` is not a call the tracking module's client resends
+        _log_inputs_retrying(MlflowClient(tracking_uri=uri), run_id, datasets)
 
 
 def _log_inputs_retrying(client: Any, run_id: str, datasets: list[Any]) -> None:

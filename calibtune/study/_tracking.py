@@ -32,6 +32,7 @@ from typing import Any
 from calibtune import __version__
 from calibtune._io import cache_home
 from calibtune.metrics import keys as K
+from calibtune.study._lineage import log_data_inputs
 
 # Lazy: MLflow, Optuna, Ray, torch and `calibtune.trial` are imported by the functions that use
 # them, so that the CLI's --help imports this module without them (bench/bench_cli.py).
@@ -819,8 +820,6 @@ class MlflowTrialCallback:
         return self._logged
 
     def on_start(self, history: Sequence[Mapping[str, Any]]) -> None:
-        from calibtune.study._lineage import log_data_inputs
-
         log_data_inputs(self.uri, self.run_id, getattr(self, "inputs", ()))
         for metrics in history:
             self.on_epoch(int(metrics["epoch"]), metrics)

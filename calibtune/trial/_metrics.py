@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,8 +16,8 @@ from calibtune import data as D
 from calibtune.metrics import keys as K
 from calibtune.posthoc import POSTHOC, build_posthoc, fitted_values
 
-if TYPE_CHECKING:
-    from calibtune.trial._config import TrialConfig
+# ``cfg``: a `calibtune.trial.TrialConfig` (typed Any: the config module imports this one)
+TrialConfig = Any
 
 __all__ = ["metric_keys", "shift_sets"]
 
