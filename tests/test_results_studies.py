@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -27,76 +28,116 @@ def _generator():
 G = _generator()
 
 
-# ----------------------------------------------------------------------------- the verdict rule
+# ----------------------------------------------------------------------------- the statistics
 
 
-def test_verdict_reproduces_when_the_gap_exceeds_two_standard_errors():
-    # a = [1, 2, 3] (mean 2, sd 1), b = [5, 6, 7] (mean 6, sd 1): d = -4, se = sqrt(2/3) = 0.8165
-    v = G.verdict([1, 2, 3], [5, 6, 7])
-    assert v.verdict == "reproduces"
-    assert v.d == pytest.approx(-4.0)
-    assert v.se == pytest.approx(math.sqrt(2 / 3))
-    assert v.n == 3
+def _study(seeds: dict, alt: dict | None = None) -> G.StudyData:
+    s = G.StudyData("mnist1d", "x", seeds, "", {})
+    if alt is not None:
+        s.alt = G.StudyData("mnist1d", "x", alt, "", {})
+    return s
 
 
-def test_verdict_does_not_when_the_opposite_holds_beyond_the_spread():
-    assert G.verdict([5, 6, 7], [1, 2, 3]).verdict == "does not"
+_TAO = next(c for c in G.claims("mnist1d") if c.claim == "dual focal has lower ECE than focal")
 
 
-def test_verdict_inconclusive_inside_two_standard_errors():
-    # d = -1, se = 0.8165: |d| < 2 se
-    v = G.verdict([1, 2, 3], [2, 3, 4])
-    assert v.verdict == "inconclusive"
-    assert v.d == pytest.approx(-1.0)
-
-
-def test_verdict_higher_is_better_flips_the_orientation():
-    v = G.verdict([5, 6, 7], [1, 2, 3], higher_is_better=True)
-    assert (v.verdict, v.d) == ("reproduces", pytest.approx(-4.0))
-
-
-def test_verdict_paired_uses_the_spread_of_the_differences():
-    # Seeds differ a lot, but a is below b by exactly 0.1 ± 0.01 on every seed.
-    a, b = [1.0, 5.0, 9.0], [1.11, 5.10, 9.09]
-    assert G.verdict(a, b).verdict == "inconclusive"  # unpaired: se ≈ 2.3
-    v = G.verdict(a, b, paired=True)
-    assert v.verdict == "reproduces"
-    assert v.d == pytest.approx(-0.1)
-    assert v.se == pytest.approx(0.01 / math.sqrt(3))
-
-
-def test_verdict_p_values_are_welch_s_and_the_paired_t_test_s():
+def test_the_seed_is_a_block_the_effect_is_the_mean_paired_difference_with_its_t_interval():
     from scipy import stats
 
-    a, b = [0.10, 0.12, 0.15, 0.11, 0.13], [0.14, 0.19, 0.16, 0.22, 0.15]
-    v = G.verdict(a, b)
-    ref = stats.ttest_ind(a, b, equal_var=False)
-    assert v.p == pytest.approx(ref.pvalue, rel=1e-9) and v.d / v.se == pytest.approx(ref.statistic)
-    assert v.df == pytest.approx(ref.df, rel=1e-9) and v.verdict == "reproduces"
-    v = G.verdict(a, b, paired=True)
+    # seeds differ a lot, dual focal is below focal by 0.1 points ± a little on every seed
+    a, b = [0.010, 0.050, 0.090], [0.0111, 0.0510, 0.0909]
+    e = G.effect(_study({"dual_focal": {"test/ece": a}, "focal_g3": {"test/ece": b}}), _TAO)
     ref = stats.ttest_rel(a, b)
-    assert (v.p, v.df) == (pytest.approx(ref.pvalue, rel=1e-9), 4)
-    # higher is better flips d, not p
-    assert G.verdict(b, a, higher_is_better=True).p == pytest.approx(G.verdict(a, b).p)
+    assert e.d == pytest.approx(-0.001) and e.n == 3 and e.runs == 1
+    assert e.p == pytest.approx(ref.pvalue, rel=1e-9)
+    ci = ref.confidence_interval(0.95)
+    assert (e.lo, e.hi) == (pytest.approx(ci.low), pytest.approx(ci.high))
+    assert e.p_welch == pytest.approx(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    assert e.p < 0.05 < e.p_welch  # the block removes the seed-to-seed spread
 
 
-def test_a_gap_beyond_two_standard_errors_with_few_seeds_is_not_a_verdict():
-    # issue 31.3: d/se = −2.45 passes the old 2·se rule, but with 3 seeds a side (Welch df = 4)
-    # its two-sided p is 0.07
-    a, b = [1.0, 2.0, 3.0], [3.0, 4.0, 5.0]
-    v = G.verdict(a, b)
-    assert v.d / v.se == pytest.approx(-2.449, abs=1e-3) and v.df == pytest.approx(4.0)
-    assert v.p == pytest.approx(0.0705, abs=1e-3)
-    assert v.verdict == "inconclusive"
-    # paired with df = n − 1 = 2: the same differences at a constant offset are significant
-    assert G.verdict(a, [3.01, 4.0, 4.99], paired=True).verdict == "reproduces"
+def test_the_two_kernel_paths_are_averaged_within_each_seed_before_pairing():
+    one = {
+        "dual_focal": {"test/ece": [0.01, 0.02, 0.03]},
+        "focal_g3": {"test/ece": [0.02, 0.02, 0.05]},
+    }
+    two = {
+        "dual_focal": {"test/ece": [0.03, 0.02, 0.01]},
+        "focal_g3": {"test/ece": [0.02, 0.04, 0.03]},
+    }
+    e = G.effect(_study(one, two), _TAO)
+    d = np.mean([one["dual_focal"]["test/ece"], two["dual_focal"]["test/ece"]], 0) - np.mean(
+        [one["focal_g3"]["test/ece"], two["focal_g3"]["test/ece"]], 0
+    )
+    assert e.runs == 2 and e.n == 3
+    assert e.d == pytest.approx(d.mean()) and e.sd == pytest.approx(d.std(ddof=1))
 
 
-def test_verdict_with_one_seed_or_no_data_is_inconclusive():
-    assert G.verdict([0.1], [0.9]).verdict == "inconclusive"
-    assert G.verdict([], []).verdict == "inconclusive"
-    v = G.verdict([1.0, math.nan, 2.0], [3.0, 4.0, math.nan], paired=True)
-    assert (v.n, v.verdict) == (1, "inconclusive")
+def test_seeds_are_matched_by_number_not_by_position():
+    s = _study({"dual_focal": {"test/ece": [0.01, 0.02]}, "focal_g3": {"test/ece": [0.05, 0.03]}})
+    s.seed_ids = {"dual_focal": [1, 2], "focal_g3": [2, 1]}  # focal's rows in the other order
+    assert G.effect(s, _TAO).d == pytest.approx(((0.01 - 0.03) + (0.02 - 0.05)) / 2)
+
+
+def test_holm_matches_a_hand_derived_example():
+    # p = (0.01, 0.04, 0.03, 0.005), m = 4: sorted 0.005·4 = 0.02, 0.01·3 = 0.03,
+    # 0.03·2 = 0.06, 0.04·1 = 0.04 → monotone 0.06
+    assert G.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert G.holm([0.5, math.nan]) == [0.5, math.nan] or math.isnan(G.holm([0.5, math.nan])[1])
+
+
+def test_tost_is_the_larger_of_two_one_sided_t_tests():
+    from scipy import stats
+
+    d = np.array([0.1, -0.05, 0.02, 0.07, -0.01])
+    lo = stats.ttest_1samp(d, -0.25, alternative="greater").pvalue
+    hi = stats.ttest_1samp(d, 0.25, alternative="less").pvalue
+    se = d.std(ddof=1) / math.sqrt(5)
+    assert G.tost_p(d.mean(), se, 4, 0.25) == pytest.approx(max(lo, hi), rel=1e-9)
+
+
+def test_seeds_needed_grows_with_the_spread_and_the_family():
+    assert G.seeds_needed(1.0, 1.0) == 10  # t form of ((1.96 + 0.84)·1/1)² = 7.8
+    assert G.seeds_needed(2.0, 1.0) > G.seeds_needed(1.0, 1.0)
+    assert G.seeds_needed(1.0, 1.0, m=51) > G.seeds_needed(1.0, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("d", "p_holm", "p_tost", "p_paper", "paper", "label"),
+    [
+        (-0.01, 0.01, 1.0, 1.0, -1.0, "reproduces"),
+        (0.01, 0.01, 1.0, 0.001, -1.0, "opposite"),
+        (0.0001, 0.5, 0.01, 0.001, -1.0, "equivalent"),
+        (-0.002, 0.5, 0.2, 0.01, -1.0, "smaller than the paper's"),
+        (-0.02, 0.5, 0.2, 0.01, -1.0, "underpowered"),  # beyond the paper's effect: not smaller
+        (-0.002, 0.5, 0.2, math.nan, None, "underpowered"),
+        (-0.002, 0.049, 1.0, 1.0, None, "reproduces"),
+    ],
+)
+def test_labels_follow_the_rules_in_their_order(d, p_holm, p_tost, p_paper, paper, label):
+    e = G.Effect(d, 0.001, 5, 2, d - 0.001, d + 0.001, 0.0, 0.0, 0.0, math.nan, 0.0025)
+    assert G.label_of(e, p_holm, p_tost, p_paper, paper) == label
+
+
+def test_a_raw_p_below_alpha_is_not_a_label_after_holm():
+    """Issue 42.3: labels and tallies are Holm-adjusted, not α = 0.05 per test: two claims
+    with raw p ≈ 0.029 each (t = −3.32, df 4) become 0.058 after Holm — neither reproduces
+    (the old rule called both)."""
+    focal = [0.05, 0.06, 0.07, 0.08, 0.09]
+    shift = np.array([-0.003, -0.006, -0.003, -0.0045, 0.0])  # −0.33 points on average
+    dual = list(np.array(focal) + shift)
+    s = _study(
+        {
+            "dual_focal": {"test/ece": dual, "test/adaece": dual},
+            "focal_g3": {"test/ece": focal, "test/adaece": focal},
+        }
+    )
+    v = G.evaluate([s])
+    v1, v2 = [x for x in v.values() if not math.isnan(x.effect.p)]
+    assert v1.effect.p == pytest.approx(0.0292, abs=1e-3) and v1.p_holm == pytest.approx(
+        2 * v1.effect.p
+    )
+    assert v1.p_holm > 0.05 and "reproduces" not in {v1.label, v2.label}
 
 
 def test_every_claim_names_arms_of_every_results_study():
@@ -108,10 +149,10 @@ def test_every_claim_names_arms_of_every_results_study():
         dataset = cfg.base_config().data.name
         for c in G.claims(dataset):
             assert {c.better[0], c.worse[0]} <= labels, (path.name, c.claim)
-            assert c.paper in G.PAPERS and c.paper in G.SCALE_NOTES
+            assert c.paper in G.PAPERS and c.paper in G.scale_notes([])
 
 
-def test_summary_renders_hand_made_numbers_with_their_verdicts():
+def test_summary_renders_hand_made_numbers_with_their_effects_and_labels():
     from calibtune.study import load_study
 
     cfg = load_study(ROOT / "studies" / "results" / "mnist1d.yaml")
@@ -119,20 +160,17 @@ def test_summary_renders_hand_made_numbers_with_their_verdicts():
         lab: {"test/ece": [0.05, 0.06, 0.07], "test/adaece": [0.05, 0.06, 0.07]}
         for lab in (c.label for c in cfg.losses)
     }
-    seeds["focal_g3"]["test/ece"] = [0.01, 0.02, 0.03]  # focal clearly below CE
-    seeds["dual_focal"]["test/ece"] = [0.09, 0.10, 0.11]  # dual focal clearly above focal
+    seeds["focal_g3"]["test/ece"] = [0.01, 0.0202, 0.03]  # focal 4 points below CE, each seed
+    seeds["dual_focal"]["test/ece"] = [0.09, 0.10, 0.1101]  # dual focal 8 points above focal
     s = G.StudyData("mnist1d", "x", seeds, "", {}, config=cfg)
-    lines = "\n".join(G.render_summary([s]))
-    row = next(r for r in lines.splitlines() if "focal (γ=3) has lower ECE than CE" in r)
-    # Welch's t = −4/0.816 = −4.90 with df = 4: p = 0.0080
-    assert (
-        "2.00 ± 0.82 vs 6.00 ± 0.82" in row
-        and "**reproduces** (d = -4.00 ± 0.82, p = 0.008)" in row
-    )
-    row = next(r for r in lines.splitlines() if "dual focal has lower ECE" in r)
-    assert "**does not** (d = +8.00 ± 0.82, p = 0.00061)" in row  # t = 9.8, df = 4
-    row = next(r for r in lines.splitlines() if "FLSD-53 has lower ECE than CE after TS" in r)
-    assert "inconclusive (no data)" in row  # test/ece@ts not in the hand-made numbers
+    lines = G.render_summary([s])
+    row = next(r for r in lines if "focal (γ=3) has lower ECE than CE before" in r)
+    assert "| -2.87 |" in row and "d = -3.99 [-4.02, -3.96] (2.01 ± 1.00 vs 6.00 ± 1.00)" in row
+    assert "**reproduces** (Holm p = " in row and "Welch p = " in row
+    row = next(r for r in lines if "dual focal has lower ECE" in r)
+    assert "**opposite**" in row and "d = +8.00 [" in row
+    row = next(r for r in lines if "FLSD-53 has lower ECE than CE after TS" in r)
+    assert "| no data | no data |" in row  # test/ece@ts not in the hand-made numbers
 
 
 # ----------------------------------------------------------------------------- the studies
@@ -184,8 +222,9 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
         assert f"`calibtune report` ({s.name})" in page
     for c in G.claims("mnist1d"):
         assert c.claim in page
-    assert "inconclusive" in page and "total 0.1 min" in page
-    assert "## A larger scale: which verdicts change (mnist1d → mnist1d_large)" in page
+    assert "underpowered" in page and "total 0.1 min" in page
+    assert "## A second regime, not a larger scale: mnist1d_large beside mnist1d" in page
+    assert "{" not in page
     # the per-seed CSV holds every number the Summary is rendered from
     assert G.write_seeds_csv(studies, tmp_path / "seeds.csv") == sum(len(s.seeds) for s in studies)
     back = G.read_seeds_csv(tmp_path / "seeds.csv")
@@ -196,22 +235,21 @@ def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
         assert (tmp_path / "img" / Path(rel).name).stat().st_size < 150_000
 
 
-def test_reading_names_the_partner_s_under_confidence_from_its_temperature():
+def test_reading_names_the_partner_s_under_confidence_from_its_temperature_ci():
     seeds = {
-        "cross_entropy": {"posthoc/ts/T": [1.3, 1.4]},
-        "focal_g3": {"posthoc/ts/T": [0.5, 0.6]},
-        "flsd53": {"posthoc/ts/T": [0.5, 0.5]},
+        "cross_entropy": {"posthoc/ts/T": [1.3, 1.4, 1.2]},
+        "focal_g3": {"posthoc/ts/T": [0.5, 0.6, 0.55]},
+        "flsd53": {"posthoc/ts/T": [0.5, 0.5, 0.5]},
     }
     s = G.StudyData("mnist1d", "x", seeds, "", {})
     (line,) = G.reading("Mukhoti et al. 2020", [s])
-    assert "CE T = 1.35, focal T = 0.55: CE is at most mildly over-confident" in line
-    assert "not the paper's regime" in line
+    assert "CE T = 1.30 [1.05, 1.55], focal T = 0.55 [0.43, 0.67]: CE is over-confident" in line
     (line,) = G.reading("Tao et al. 2023", [s])
-    assert "under-confident here (T = 0.55)" in line
-    seeds["cross_entropy"]["posthoc/ts/T"] = [1.6, 1.6]  # over-confident CE, focal still under
+    assert "under-confident here (T = 0.55 [0.43, 0.67])" in line
+    seeds["cross_entropy"]["posthoc/ts/T"] = [0.8, 1.6, 1.2]  # CI holds 1: not called either way
     (line,) = G.reading("Mukhoti et al. 2020", [s])
-    assert "CE is over-confident here as in the paper, but focal loss overshoots" in line
-    seeds["focal_g3"]["posthoc/ts/T"] = [1.1, 1.1]
+    assert "CE is calibrated within the seed spread here, and focal loss overshoots" in line
+    seeds["focal_g3"]["posthoc/ts/T"] = [1.1, 1.1, 1.1]
     assert G.reading("Tao et al. 2023", [s]) == []
     (line,) = G.reading("Mukhoti et al. 2020", [s])
     assert line.endswith("the same direction as the paper's temperatures.")
