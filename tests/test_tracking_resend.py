@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from calibtune.study import _mlflow_store as store
 from calibtune.study import _tracking as T
 
 
@@ -62,7 +63,7 @@ def _uri(srv: _Server) -> str:
 
 
 def test_metrics_whose_answer_was_cut_off_are_sent_again_and_noted(server, tmp_path, monkeypatch):
-    monkeypatch.setattr(T, "_WATCHED", {str(tmp_path / T.RETRIES_FILE)})
+    monkeypatch.setattr(store, "_WATCHED", {str(tmp_path / T.RETRIES_FILE)})
     T.log_metrics(_uri(server), "r" * 32, {"val/ece": 0.25, "train/loss": 1.5}, step=3)
     assert [p for p, _ in server.seen] == ["/api/2.0/mlflow/runs/log-batch"] * 2
     first, again = (json.loads(b) for _, b in server.seen)
@@ -74,7 +75,7 @@ def test_metrics_whose_answer_was_cut_off_are_sent_again_and_noted(server, tmp_p
 
 def test_a_server_that_keeps_cutting_off_fails_after_three_more_tries(server, monkeypatch):
     server.cut = 10
-    monkeypatch.setattr(T.time, "sleep", lambda s: None)
+    monkeypatch.setattr(store.time, "sleep", lambda s: None)
     with pytest.raises(Exception, match="Connection broken"):
         T.set_tag(_uri(server), "r" * 32, "k", "v")
     assert len(server.seen) == 4

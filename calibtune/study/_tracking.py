@@ -13,26 +13,100 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import os
 import platform
 import re
-import shutil
-import sqlite3
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from calibtune import __version__
-from calibtune._io import cache_home
 from calibtune.metrics import keys as K
 from calibtune.study._lineage import log_data_inputs
+from calibtune.study._mlflow_store import (
+    _WATCHED as _WATCHED,
+)
+from calibtune.study._mlflow_store import (
+    CUT_OFF as CUT_OFF,
+)
+from calibtune.study._mlflow_store import (
+    FULL as FULL,
+)
+from calibtune.study._mlflow_store import (
+    RESENDABLE as RESENDABLE,
+)
+from calibtune.study._mlflow_store import (
+    RETRIES_FILE as RETRIES_FILE,
+)
+from calibtune.study._mlflow_store import (
+    StoreFullError as StoreFullError,
+)
+from calibtune.study._mlflow_store import (
+    _chain_says as _chain_says,
+)
+from calibtune.study._mlflow_store import (
+    _client as _client,
+)
+from calibtune.study._mlflow_store import (
+    _from_template as _from_template,
+)
+from calibtune.study._mlflow_store import (
+    _keep_template as _keep_template,
+)
+from calibtune.study._mlflow_store import (
+    _note_retry as _note_retry,
+)
+from calibtune.study._mlflow_store import (
+    _Resending as _Resending,
+)
+from calibtune.study._mlflow_store import (
+    _RetryRecord as _RetryRecord,
+)
+from calibtune.study._mlflow_store import (
+    _schema_template as _schema_template,
+)
+from calibtune.study._mlflow_store import (
+    _stamp as _stamp,
+)
+from calibtune.study._mlflow_store import (
+    retries_note as retries_note,
+)
+from calibtune.study._mlflow_store import (
+    store_created_meanwhile as store_created_meanwhile,
+)
+from calibtune.study._mlflow_store import (
+    store_full_errors as store_full_errors,
+)
+from calibtune.study._mlflow_store import (
+    watch_retries as watch_retries,
+)
+from calibtune.study._run_values import (
+    RunValues as RunValues,
+)
+from calibtune.study._run_values import (
+    _inputs as _inputs,
+)
+from calibtune.study._run_values import (
+    _inputs_query as _inputs_query,
+)
+from calibtune.study._run_values import (
+    _sql_run_values as _sql_run_values,
+)
+from calibtune.study._run_values import (
+    _values as _values,
+)
+from calibtune.study._run_values import (
+    find_run_values as find_run_values,
+)
+from calibtune.study._run_values import (
+    find_runs as find_runs,
+)
 
 # Lazy: MLflow, Optuna, Ray, torch and `calibtune.trial` are imported by the functions that use
 # them, so that the CLI's --help imports this module without them (bench/bench_cli.py).
@@ -98,256 +172,6 @@ def versions() -> dict[str, str]:
         "mlflow": mlflow.__version__,
         "python": platform.python_version(),
     }
-
-
-def _client(uri: str):
-    from mlflow.tracking import MlflowClient
-
-    return _Resending(MlflowClient(tracking_uri=uri))
-
-
-#: the client's calls that may be sent twice: MLflow keeps one copy of an identical metric
-#: (key, value, timestamp, step), a tag or param sent again is the same, an artifact replaces
-#: itself (`create_run` is not one: `ChildRun` finds its run by key instead)
-RESENDABLE = frozenset(
-    {
-        "log_batch", "log_metric", "log_param", "set_tag", "delete_tag", "set_terminated",
-        "update_run", "log_artifact", "log_artifacts", "get_run", "get_metric_history",
-        "search_runs", "get_experiment_by_name", "get_experiment",
-    }
-)  # fmt: skip
-#: an answer the server cut off (it died mid-response): urllib3 retries requests that got no
-#: answer, not these (`requests`' ChunkedEncodingError, a connection reset after the request)
-CUT_OFF = ("Connection broken", "Connection aborted", "RemoteDisconnected", "IncompleteRead")
-
-
-class _Resending:
-    """An ``MlflowClient`` whose `RESENDABLE` calls are sent again (up to 3 times, 1 s apart)
-    when the server's answer was cut off (`CUT_OFF`, not after urllib3's own retries ran out):
-    a server killed mid-answer is then a retried request like any other (`retries_note`)."""
-
-    def __init__(self, client: Any) -> None:
-        self._client = client
-
-    def __getattr__(self, name: str) -> Any:
-        client = self.__dict__.get("_client")  # none while unpickled
-        if client is None:
-            raise AttributeError(name)
-        attr = getattr(client, name)
-        if name not in RESENDABLE:
-            return attr
-
-        def resent(*args: Any, **kwargs: Any) -> Any:
-            for _ in range(3):
-                try:
-                    return attr(*args, **kwargs)
-                except Exception as exc:
-                    text = str(exc)
-                    if "Max retries exceeded" in text or not any(c in text for c in CUT_OFF):
-                        raise
-                    _note_retry()
-                    time.sleep(1.0)
-            return attr(*args, **kwargs)
-
-        return resent
-
-
-@contextlib.contextmanager
-def store_created_meanwhile(uri: str) -> Any:
-    """Run the block (the driver's Ray start: ≈ 5 s, mostly waiting for Ray's processes) while a
-    thread creates the SQLite store ``uri`` if it does not exist yet (MLflow's schema migrations
-    on a new database take ≈ 2 s). The tables are made in a file of their own beside it, moved
-    into place only when the block succeeds (never over a database that appeared meanwhile): a
-    study that fails to start leaves nothing, and no MLflow engine in this process ever pointed
-    at a file that was then removed. Other stores (an existing file, a server) are left to the
-    first client, as is any failure here (the client then reports it).
-
-    The tables come from a copy of an empty store this machine made before with the same
-    schema (`_schema_template`), so only the first new store per MLflow schema pays for the
-    migrations.
-
-    MLflow's modules are imported here, before the thread starts: the thread then only runs
-    MLflow's migration scripts, which nothing in the block imports (concurrent imports of one
-    package from two threads could meet a circular import half-done). The block must not open
-    a new MLflow store itself: MLflow's migrations run through alembic's process-wide `op`
-    proxy, so two at once in one process collide.
-    """
-    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
-    if db is None or db.exists():
-        yield
-        return
-    import sqlalchemy
-    from mlflow.store.db.utils import _get_latest_schema_revision, _initialize_tables
-
-    new = db.with_name(f".{db.name}.{os.getpid()}.new")
-    revision = _get_latest_schema_revision()
-
-    def create() -> None:
-        try:
-            if _from_template(new, revision):
-                return
-            engine = sqlalchemy.create_engine(f"sqlite:///{new}")
-            try:
-                _initialize_tables(engine)
-            finally:
-                engine.dispose()  # no connection left open on the file
-            _keep_template(new, revision)
-        except Exception:  # e.g. a full disk: a half-made store is never moved into place
-            new.unlink(missing_ok=True)
-
-    thread = threading.Thread(target=create, name="calibtune-store")
-    thread.start()
-    try:
-        yield
-    except BaseException:
-        thread.join()
-        new.unlink(missing_ok=True)
-        raise
-    thread.join()
-    with contextlib.suppress(OSError):  # e.g. a database appeared meanwhile: that one stays
-        os.link(new, db)
-    new.unlink(missing_ok=True)
-
-
-def _schema_template(revision: str) -> Path:
-    """This machine's empty SQLite store with MLflow's tables at schema ``revision`` (alembic's
-    head): a new store is a copy of it, not ≈ 1–2 s of MLflow's migrations again."""
-    return cache_home() / "mlflow-schema" / f"{revision}.db"
-
-
-def _from_template(new: Path, revision: str) -> bool:
-    """Copy the template of ``revision`` to ``new``; False (and no ``new``) when there is none
-    or the copy is not a store at that revision (then the migrations make it)."""
-    template = _schema_template(revision)
-    if not template.is_file():
-        return False
-    shutil.copyfile(template, new)
-    try:
-        with contextlib.closing(sqlite3.connect(new)) as con:
-            (found,) = con.execute("select version_num from alembic_version").fetchone()
-    except (sqlite3.Error, TypeError, ValueError):
-        found = None
-    if found != revision:
-        new.unlink()
-        return False
-    return True
-
-
-def _keep_template(made: Path, revision: str) -> None:
-    """Keep a copy of the store just made by the migrations as `_schema_template` (complete or
-    not at all; a cache that cannot be written is only a cache)."""
-    template = _schema_template(revision)
-    part = template.with_name(f".{template.name}.{os.getpid()}.part")
-    try:
-        template.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(made, part)
-        os.replace(part, template)
-    except OSError:
-        part.unlink(missing_ok=True)
-
-
-class StoreFullError(ValueError):
-    """The MLflow store's disk (or database) is full: one line naming the store."""
-
-
-FULL = "database or disk is full"  # SQLite's SQLITE_FULL, as sqlite3 and SQLAlchemy say it
-
-
-@contextlib.contextmanager
-def store_full_errors(uri: str) -> Iterator[None]:
-    """Turn an SQLite store's "database or disk is full" (raised with the SQL that failed, e.g.
-    ``[SQL: CREATE TABLE alembic_version …]``, wherever MLflow met it) into one line that names
-    the store's path and the space left beside it. A store file the block began is removed:
-    MLflow would take a half-made one for an old schema next time."""
-    db = Path(uri[len("sqlite:///") :]) if uri.startswith("sqlite:///") else None
-    new = db is not None and not db.exists()
-    try:
-        yield
-    except Exception as exc:
-        if db is None or not _chain_says(exc, FULL):
-            raise
-        if new:
-            for f in (db, db.with_name(db.name + "-journal")):
-                f.unlink(missing_ok=True)
-        folder = next((p for p in (db.parent, *db.parents) if p.is_dir()), Path("/"))
-        free = shutil.disk_usage(folder).free / 2**20
-        raise StoreFullError(
-            f"MLflow store {db}: expected room to write, got {FULL!r} ({free:.1f} MiB free on "
-            f"{folder}); free space there, then run again"
-        ) from None
-
-
-def _chain_says(exc: BaseException | None, text: str) -> bool:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if text in str(exc):
-            return True
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return False
-
-
-#: in the study folder: when each MLflow request of the study's processes was retried
-RETRIES_FILE = ".mlflow_retries"
-_WATCHED: set[str] = set()  # the files this process records retries in
-
-
-class _RetryRecord(logging.Filter):
-    """Appends the time of every request urllib3 retries (MLflow's HTTP client: the server did
-    not answer) to ``path``; ``quiet`` drops urllib3's own warning (one per retry)."""
-
-    def __init__(self, path: str, quiet: bool) -> None:
-        super().__init__()
-        self.path, self.quiet = path, quiet
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not str(record.msg).startswith("Retrying"):
-            return True
-        _stamp(self.path)
-        return not self.quiet
-
-
-def _stamp(path: str) -> None:
-    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
-        f.write(f"{time.time():.3f}\n")  # one short append: whole lines from every process
-
-
-def _note_retry() -> None:
-    """Record a request calibtune itself sent again (`_Resending`) as urllib3's are."""
-    for path in _WATCHED:
-        _stamp(path)
-
-
-def watch_retries(folder: str | Path, quiet: bool = True) -> None:
-    """Record this process's retried MLflow requests in ``folder``/`RETRIES_FILE` (once per
-    process and folder), for `retries_note`."""
-    path = str(Path(folder) / RETRIES_FILE)
-    if path not in _WATCHED:
-        _WATCHED.add(path)
-        logging.getLogger("urllib3.connectionpool").addFilter(_RetryRecord(path, quiet))
-
-
-def retries_note(folder: str | Path, uri: str, failed: int) -> str | None:
-    """One line when requests to the MLflow server ``uri`` were retried since the last call
-    (the file is then cleared): when, and what it cost (``failed``: trials that failed)."""
-    path = Path(folder) / RETRIES_FILE
-    try:
-        stamps = [float(x) for x in path.read_text(encoding="utf-8").split()]
-    except (OSError, ValueError):
-        return None
-    path.unlink(missing_ok=True)
-    if not stamps:
-        return None
-    first, last = (time.strftime("%H:%M:%S", time.localtime(t)) for t in (min(stamps), max(stamps)))
-    cost = (
-        "every request went through once it answered again: nothing was lost"
-        if not failed
-        else f"see the {failed} failed trials' reasons (`calibtune resume` reruns them)"
-    )
-    return (
-        f"[calibtune] the MLflow server at {uri} did not answer for a while ({len(stamps)} "
-        f"requests retried, {first} to {last}); {cost}"
-    )
 
 
 def artifact_location(uri: str, experiment: str) -> str | None:
@@ -487,106 +311,6 @@ def _flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
         else:
             out[key] = json.dumps(v) if isinstance(v, (list, tuple)) else str(v)
     return out
-
-
-def find_runs(uri: str, exp_id: str, filter_string: str) -> list[Any]:
-    return list(_client(uri).search_runs([exp_id], filter_string=filter_string, max_results=10000))
-
-
-@dataclass(frozen=True)
-class RunValues:
-    """What the study's readers take from a run: ids, start, its values by key (a metric's
-    latest value, NaN kept) and its dataset inputs (name, digest and input tags only)."""
-
-    run_id: str
-    run_name: str
-    start_time: int
-    tags: dict[str, str]
-    params: dict[str, str]
-    metrics: dict[str, float]
-    inputs: Any  # mlflow.entities.RunInputs
-
-
-def find_run_values(uri: str, exp_id: str, tags: Mapping[str, str]) -> list[RunValues]:
-    """The active runs of ``exp_id`` whose tags equal ``tags``, as `find_runs` orders them for
-    ``tags.`k` = 'v' and ...`` (newest start first, then run id). On a SQL store a constant
-    number of plain queries, whatever the number of runs: MLflow's search builds an ORM object
-    per logged value and reads each dataset's schema and profile (≈ 10 s for 1,000 runs of 200
-    metrics on a 2-core box, bench/README.md)."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-
-    store = getattr(_client(uri)._tracking_client, "store", None)
-    if not isinstance(store, SqlAlchemyStore):
-        query = " and ".join(f"tags.`{k}` = '{v}'" for k, v in tags.items())
-        return [_values(r) for r in find_runs(uri, exp_id, query)]
-    with store.ManagedSessionMaker() as session:
-        return _sql_run_values(session, int(exp_id), tags)
-
-
-def _values(run: Any) -> RunValues:
-    i, d = run.info, run.data
-    name, start = i.run_name or "", i.start_time
-    return RunValues(i.run_id, name, start, d.tags, d.params, d.metrics, run.inputs)
-
-
-def _sql_run_values(session: Any, exp_id: int, tags: Mapping[str, str]) -> list[RunValues]:
-    import sqlalchemy as sa
-    from mlflow.store.tracking.dbmodels import models as M
-
-    stmt = sa.select(M.SqlRun.run_uuid, M.SqlRun.name, M.SqlRun.start_time).where(
-        M.SqlRun.experiment_id == exp_id, M.SqlRun.lifecycle_stage == "active"
-    )
-    for k, v in tags.items():
-        tagged = sa.select(M.SqlTag.run_uuid).where(M.SqlTag.key == k, M.SqlTag.value == v)
-        stmt = stmt.where(M.SqlRun.run_uuid.in_(tagged))
-    runs = session.execute(stmt.order_by(M.SqlRun.start_time.desc(), M.SqlRun.run_uuid)).all()
-    ids = [r[0] for r in runs]
-    values: dict[str, tuple[dict, dict, dict, dict]] = {i: ({}, {}, {}, {}) for i in ids}
-    for chunk in (ids[i : i + 500] for i in range(0, len(ids), 500)):  # SQLite's variables
-        m = M.SqlLatestMetric
-        q = sa.select(m.run_uuid, m.key, m.value, m.is_nan).where(m.run_uuid.in_(chunk))
-        for run, key, value, nan in session.execute(q):
-            values[run][0][key] = float("nan") if nan else value
-        for n, table in ((1, M.SqlParam), (2, M.SqlTag)):
-            q = sa.select(table.run_uuid, table.key, table.value).where(table.run_uuid.in_(chunk))
-            for run, key, value in session.execute(q):
-                values[run][n][key] = value
-        for run, *dataset in session.execute(_inputs_query(M, chunk)):
-            values[run][3].setdefault(dataset[0], (dataset[1:5], []))[1].extend(dataset[5:])
-    out = []
-    for run_id, name, start in runs:
-        metrics, params, run_tags, inputs = values[run_id]
-        out.append(RunValues(run_id, name or "", start, run_tags, params, metrics, _inputs(inputs)))
-    return out
-
-
-def _inputs_query(M: Any, chunk: list[str]) -> Any:
-    """(run, dataset id, name, digest, source type, source, tag name, tag value) of the runs'
-    dataset inputs, one row per input tag (none: a row with a NULL tag); a dataset given twice
-    is one input with both inputs' tags, as MLflow's search gives it."""
-    import sqlalchemy as sa
-
-    i, d, t = M.SqlInput, M.SqlDataset, M.SqlInputTag
-    cols = (i.destination_id, d.dataset_uuid, d.name, d.digest, d.dataset_source_type)
-    return (
-        sa.select(*cols, d.dataset_source, t.name, t.value)
-        .select_from(i)
-        .join(d, i.source_id == d.dataset_uuid)
-        .outerjoin(t, t.input_uuid == i.input_uuid)
-        .where(i.destination_type == "RUN", i.source_type == "DATASET", i.destination_id.in_(chunk))
-    )
-
-
-def _inputs(found: Mapping[str, tuple[Sequence[Any], list[Any]]]) -> Any:
-    from mlflow.entities import Dataset, DatasetInput, InputTag, RunInputs
-
-    datasets = []
-    for (name, digest, source_type, source), tags in found.values():
-        pairs = [(k, v) for k, v in zip(tags[::2], tags[1::2], strict=True) if k is not None]
-        datasets.append(
-            DatasetInput(Dataset(name, digest, source_type, source), [InputTag(*p) for p in pairs])
-        )
-    return RunInputs(dataset_inputs=datasets)
 
 
 @dataclass(frozen=True)
