@@ -497,6 +497,8 @@ def _bad_study_folders(work: Path, crafted: dict[str, Path | str]) -> None:
     fake = work / "faketuner"
     shutil.copytree(crafted["study"], fake)
     (fake / "tuner.pkl").write_bytes(b"\x80\x04}\x94.")  # an empty dict, not Ray's state
+    # Tune saved its state once (a trial started): a study that never started would run again
+    (fake / "experiment_state-2025-01-01_00-00-00.json").write_text("{}")
 
 
 @pytest.mark.timeout(120)

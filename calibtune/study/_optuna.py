@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import math
+import os
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -32,7 +33,16 @@ from optuna.distributions import (
 from calibtune.study._config import StudyConfig
 from calibtune.study._constraints import Constraint, baseline_values, violations
 
-__all__ = ["DefineByRun", "conditional_grid", "define_by_run", "make_sampler"]
+__all__ = [
+    "STUDY_ID_ATTR",
+    "DefineByRun",
+    "bind_study",
+    "conditional_grid",
+    "define_by_run",
+    "found_study",
+    "make_sampler",
+    "study_id_conflict",
+]
 
 
 #: samplers whose model covers only the parameters every trial has: suggest every loss's
@@ -313,3 +323,93 @@ def persist_ended(
         curve = (curves or {}).get(trial_id)
         added += record_trial(ot_study, study, trial_id, config, state, values, result, curve)
     return added
+
+
+# ----------------------------------------------------------------------------- study identity
+
+#: user attribute of the Optuna study: the id of the study folder that owns it (its
+#: ``calibtune_study.json``, `calibtune.study._studydir.StudyState.study_id`)
+STUDY_ID_ATTR = "calibtune.study_id"
+
+
+def found_study(url: str, name: str) -> tuple[str | None, int] | None:
+    """The Optuna study ``name`` in the RDB storage ``url``, read without writing anything
+    (no table is created; an SQLite file that does not exist is not opened): its
+    `STUDY_ID_ATTR` (None if unset) and its number of trials; None when there is no such study."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if url.startswith("sqlite:///") and not os.path.isfile(url[len("sqlite:///") :].split("?")[0]):
+        return None
+    try:
+        with quiet_optuna():
+            storage = optuna.storages.RDBStorage(
+                url, skip_compatibility_check=True, skip_table_creation=True
+            )
+    except (SQLAlchemyError, optuna.exceptions.OptunaError):
+        return None  # no Optuna tables yet
+    try:
+        try:
+            sid = storage.get_study_id_from_name(name)
+        except (KeyError, SQLAlchemyError):
+            return None
+        attr = storage.get_study_user_attrs(sid).get(STUDY_ID_ATTR)
+        return (None if attr is None else str(attr)), len(storage.get_all_trials(sid, False))
+    finally:
+        storage.engine.dispose()
+
+
+def study_id_conflict(
+    study: StudyConfig, url: str, state: Any, found: tuple[str | None, int] | None
+) -> str | None:
+    """Why the Optuna study ``found`` (`found_study`) in ``url`` is not the one of the study
+    folder whose state is ``state`` (None: a new folder), in one line with the fix; None when
+    it is: no such study yet, one with this folder's id, or one without an id that a folder of
+    before study ids owns (kept) or that holds no trial (a new folder takes it)."""
+    if found is None:
+        return None
+    attr, n = found
+    mine = getattr(state, "study_id", None)
+    if attr is None and (state is not None or n == 0):
+        return None
+    if attr is not None and attr == mine:
+        return None
+    what = "a new study folder" if state is None else f"this study folder (study id {mine})"
+    whose = "another study folder's" if attr else "one without a study id"
+    shown = _shown_url(url)
+    return (
+        f"search.optuna_storage: expected the Optuna study {study.name!r} in {shown} to be "
+        f"{what}'s, found {whose} ({f'study id {attr}, ' if attr else ''}{n} trials: a folder "
+        "deleted and run again, or this study under another storage); give the study another "
+        f"name, or delete the old record: optuna delete-study --study-name {study.name} "
+        f"--storage {shown}"
+    )
+
+
+def bind_study(study: StudyConfig, url: str | None, state: Any) -> str:
+    """The study folder's id (``state``'s, else a new one) after checking the Optuna study in
+    ``url`` (a named ``search.optuna_storage``) belongs to it (`study_id_conflict`: raises
+    `calibtune.study._studydir.StudyDirError`) and recording the id there (`STUDY_ID_ATTR`,
+    the Optuna study created if new). Without ``url`` (the folder's own ``optuna.db``) nothing
+    else can share it: the id only."""
+    from calibtune.study._studydir import StudyDirError, new_study_id
+
+    study_id = getattr(state, "study_id", None) or new_study_id()
+    if not url:
+        return study_id
+    conflict = study_id_conflict(study, url, state, found_study(url, study.name))
+    if conflict:
+        raise StudyDirError(conflict)
+    ot_study = open_optuna_study(study, url)
+    if ot_study.user_attrs.get(STUDY_ID_ATTR) != study_id:
+        ot_study.set_user_attr(STUDY_ID_ATTR, study_id)
+    return study_id
+
+
+def _shown_url(url: str) -> str:
+    """``url`` with its password masked (errors name the storage, never its secret)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url

@@ -4,7 +4,8 @@ written.
 Each check raises ``ValueError`` with one line naming the flag or study key, what was expected
 and what was found, e.g. ``--storage: expected at least 100 MiB free on /data, found 0.9 MiB``.
 The checks only read: they stat folders, open a TCP connection or send one HTTP GET, and never
-create a file or folder.
+create a file or folder; the probe of a database server for ``search.optuna_storage`` writes in
+one transaction that it rolls back (`check_optuna_storage`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from calibtune.storage import Storage, open_storage
 from calibtune.study._raycluster import check_trials_fit
-from calibtune.study._studydir import StudyDir, StudyDirError, default_storage
+from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, default_storage
 from calibtune.study._tracking import resolve_tracking_uri
 
 # Lazy: Ray (`ray._private`) only for the checks of a cluster address, so that the CLI's
@@ -33,6 +34,7 @@ __all__ = [
     "check_address",
     "check_dir",
     "check_machine",
+    "check_optuna_storage",
     "check_out_file",
     "check_storage",
     "check_tracking_uri",
@@ -337,6 +339,126 @@ def check_tracking_uri(uri: str, key: str, must_exist: bool = False) -> None:
         check_dir(folder, key, min_free=0 if must_exist else None)
 
 
+# ------------------------------------------------------------------------- Optuna storage
+
+#: the Python package to install for a SQLAlchemy driver module that is missing
+DRIVER_PACKAGES = {
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+    "psycopg2": "psycopg2-binary",
+    "psycopg": "psycopg[binary]",
+    "asyncpg": "asyncpg",
+    "pyodbc": "pyodbc",
+    "pymssql": "pymssql",
+    "oracledb": "oracledb",
+}
+
+
+def check_optuna_storage(url: str, key: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """``search.optuna_storage`` usable before Ray starts (one line naming what was expected and
+    what was found otherwise): SQLite as `_check_sqlite` (its folder writable; nothing
+    created), else a URL SQLAlchemy parses, its driver importable, the server accepting a
+    TCP connection and a login within ``timeout`` s, and its schema writable (`_probe_write`).
+    The URL is shown with its password masked."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(f"{key}: expected a SQLAlchemy URL, got {_short(url)}") from None
+    shown = parsed.render_as_string(hide_password=True)
+    base = parsed.get_backend_name()
+    if base == "sqlite":
+        _check_sqlite(url, key, must_exist=False)
+        return
+    try:
+        dialect = parsed.get_dialect()
+    except NoSuchModuleError:
+        raise ValueError(
+            f"{key}: expected a database SQLAlchemy knows, got {parsed.drivername!r} in {shown}"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        module = exc.name or parsed.drivername
+        package = DRIVER_PACKAGES.get(module.split(".")[0], module)
+        other = _installed_driver(base, module)
+        also = f", or write {base}+{other}:// for the installed {other}" if other else ""
+        raise ValueError(
+            f"{key}: expected the {parsed.drivername} driver (Python module {module!r}) for "
+            f"{shown}, found none installed (pip install {package}{also})"
+        ) from None
+    port = parsed.port or DB_PORTS.get(base)
+    if parsed.host and port:
+        why = _connect(parsed.host, port, timeout)
+        if why is not None:
+            raise ValueError(f"{key}: expected a reachable database server at {shown}, got {why}")
+    problem = _probe_write(parsed, timeout)
+    if problem is not None:
+        raise ValueError(f"{key}: expected a writable database at {shown}, got {problem}")
+
+
+def _installed_driver(backend: str, missing: str) -> str | None:
+    """Another driver of ``backend`` that is installed (SQLAlchemy 2.1 maps a bare
+    ``postgresql://`` to psycopg 3, where psycopg2 may be the one at hand)."""
+    from importlib.util import find_spec
+
+    for module in {"postgresql": ("psycopg2", "psycopg"), "mysql": ("pymysql", "MySQLdb")}.get(
+        backend, ()
+    ):
+        if module != missing and find_spec(module) is not None:
+            return module.lower()
+    return None
+
+
+def _probe_write(parsed: Any, timeout: float) -> str | None:
+    """Log in and write in one transaction that is rolled back: a row in Optuna's ``studies``
+    table where it exists, else a table created and dropped (MySQL commits DDL at once: the
+    drop undoes it). None when it works, else the database's first line of why not."""
+    import uuid
+
+    from sqlalchemy import create_engine, inspect, text
+    from sqlalchemy.exc import SQLAlchemyError
+    from sqlalchemy.pool import NullPool
+
+    seconds = max(1, int(timeout))
+    args = {"connect_timeout": seconds} if parsed.get_backend_name() in DB_PORTS else {}
+    engine = create_engine(parsed, poolclass=NullPool, connect_args=args)
+    probe = f"calibtune_probe_{uuid.uuid4().hex[:12]}"
+    try:
+        with engine.connect() as conn, conn.begin() as tx:
+            if inspect(conn).has_table("studies"):
+                conn.execute(text("INSERT INTO studies (study_name) VALUES (:n)"), {"n": probe})
+            else:
+                conn.execute(text(f"CREATE TABLE {probe} (x INTEGER)"))
+                conn.execute(text(f"DROP TABLE {probe}"))
+            tx.rollback()
+    except SQLAlchemyError as exc:
+        orig = getattr(exc, "orig", None) or exc
+        lines = [ln.strip() for ln in str(orig).strip().splitlines() if ln.strip()]
+        return f"{type(orig).__name__}: {lines[0] if lines else ''}"[:300]
+    finally:
+        engine.dispose()
+    return None
+
+
+def _check_optuna_study(study: Any, where: Storage, key: str) -> None:
+    """A named Optuna storage usable (`check_optuna_storage`) and, if it holds the study's
+    Optuna study already, that of this study folder (`calibtune.study._optuna.
+    study_id_conflict`: a folder deleted and run again, or the study run under another
+    storage, would append to another folder's study and seed the sampler with its trials)."""
+    from calibtune.study._optuna import found_study, study_id_conflict
+
+    url = resolve_tracking_uri(study.search.optuna_storage)
+    check_optuna_storage(url, key)
+    sd = StudyDir.at(study.name, where)
+    state = sd.read_state() if sd.state_file.is_file() else None
+    conflict = study_id_conflict(study, url, state, found_study(url, study.name))
+    if conflict:
+        raise ValueError(f"{key}{conflict.removeprefix('search.optuna_storage')}")
+
+
 # ------------------------------------------------------------------------- resources
 
 
@@ -371,7 +493,9 @@ def preflight_run(
     check_address(address)
 
 
-def _check_stores(study: Any, *, tracking_uri: str | None, storage: str | None) -> None:
+def _check_stores(
+    study: Any, *, tracking_uri: str | None, storage: str | None, probe_optuna: bool = True
+) -> None:
     if storage:
         where = check_storage(storage, "--storage")
     elif study.storage:
@@ -379,6 +503,8 @@ def _check_stores(study: Any, *, tracking_uri: str | None, storage: str | None) 
     else:
         where = check_storage(default_storage(), "storage (default ./runs/studies)")
     StudyDir.at(study.name, where).check_optuna_home(study.search.optuna_storage)
+    if study.search.optuna_storage and probe_optuna:
+        _check_optuna_study(study, where, _study_key(study, "search.optuna_storage"))
     if tracking_uri:
         key = "--tracking-uri"
     elif study.tracking.uri:
@@ -391,8 +517,9 @@ def _check_stores(study: Any, *, tracking_uri: str | None, storage: str | None) 
 def preflight_submit(study: Any, *, tracking_uri: str | None, storage: str | None) -> None:
     """`calibtune submit`: the storage and tracking store the job will use (paths shared with
     the cluster are visible here too); the dashboard address is checked with the job client,
-    the cluster's resources by the job once it runs there."""
-    _check_stores(study, tracking_uri=tracking_uri, storage=storage)
+    the cluster's resources and the Optuna storage (perhaps a service only the cluster
+    reaches) by the job once it runs there (`preflight_run`)."""
+    _check_stores(study, tracking_uri=tracking_uri, storage=storage, probe_optuna=False)
 
 
 def preflight_resume(study: str | Path, *, address: str | None, storage: str | None) -> None:
@@ -406,7 +533,10 @@ def preflight_resume(study: str | Path, *, address: str | None, storage: str | N
         check_address(address)
         return
     check_storage(sd.path, "--storage" if storage else "storage")
-    check_machine(sd.read_study(), address)
+    study = sd.read_study()
+    check_machine(study, address)
+    if study.search.optuna_storage:
+        _check_optuna_study(study, sd.root, f"{sd.path / STUDY_COPY}: search.optuna_storage")
     state = sd.read_state()
     check_tracking_uri(state.tracking_uri, f"{sd.state_file}: tracking_uri")
     check_address(address)

@@ -14,8 +14,11 @@ stops the running trials, as a killed driver would) and `resume` continues from 
 A trial whose process or node was lost (a preempted or drained node, a killed raylet, an
 out-of-memory kill) is what Tune's ``max_failures`` retries, from the trial's last checkpoint; a
 trial's own error (bad input, a non-finite loss, a bug in its code: `retryable`) would fail the
-same way again, so `DurableStarts` ends it at once instead of letting Tune requeue it. Tune tells
-the searcher (Optuna) and the callbacks only of the final outcome, after the retries.
+same way again, so `DurableStarts` ends it at once instead of letting Tune requeue it. A storage
+or network hiccup inside the trial (`TRANSIENT`: an S3 SlowDown, a connection reset, an expired
+token, an NFS stale handle; `calibtune.trial._errors.transient_io`) is retried the same way,
+after a backoff; a full disk is not one (the study stops for it). Tune tells the searcher
+(Optuna) and the callbacks only of the final outcome, after the retries.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from calibtune.study._diskfull import StorageFullError, storage_full
 
 __all__ = [
     "STARTS",
+    "TRANSIENT",
     "DurableASHAScheduler",
     "DurableFIFOScheduler",
     "DurableStarts",
@@ -59,6 +63,9 @@ LOST = (
     "node was terminated",
     "The actor died unexpectedly",
 )
+#: a storage or network hiccup inside a trial (`calibtune.trial._errors.TransientIOError`, raised
+#: after its backoff): retried from the trial's last checkpoint like a lost node
+TRANSIENT = ("TransientIOError",)
 #: the trial's own errors (`calibtune.trial._errors.failure`, `calibtune.trial._driver`): bad
 #: input, divergence, an unexpected error inside the training loop; deterministic, not retried
 OWN = (
@@ -74,19 +81,22 @@ OWN = (
 def retryable(error: BaseException | str | None) -> bool:
     """Whether a trial that failed with ``error`` (Tune's pickled error, else the text of its
     error file) should be retried: yes for a lost process or node (`LOST`: Ray's actor and node
-    errors) and for an error of unknown kind, no for the trial's own errors (`OWN`).
+    errors), a storage hiccup (`TRANSIENT`) and an error of unknown kind, no for the trial's own
+    errors (`OWN`).
 
     >>> retryable("ray.exceptions.ActorDiedError: The actor died unexpectedly")
     True
     >>> retryable("TrialFailedError: non-finite loss at epoch 1, step 3")
     False
+    >>> retryable("calibtune.trial._errors.TransientIOError: OSError: AWS Error SLOW_DOWN ...")
+    True
     >>> retryable(None)
     True
     """
     if isinstance(error, RayActorError):
         return True
     text = "" if error is None else str(error)
-    if any(marker in text for marker in LOST):
+    if any(marker in text for marker in LOST + TRANSIENT):
         return True
     return not any(marker in text for marker in OWN)
 

@@ -27,7 +27,7 @@ import os
 import pickletools
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,14 @@ import yaml
 from calibtune._io import cache_home
 from calibtune._names import check_name
 from calibtune._yaml import load_text
-from calibtune.storage import Storage, StorageError, StorageLockedError, hold_lock, open_storage
+from calibtune.storage import (
+    Storage,
+    StorageError,
+    StorageLockedError,
+    hold_lock,
+    lease_note,
+    open_storage,
+)
 
 # Lazy: `_config` and `_spaces` (Optuna; the registries and torch when a whole study is
 # validated) are imported by the methods that read a study, so that `calibtune --help` stays
@@ -49,6 +56,7 @@ __all__ = [
     "StudyLockedError",
     "StudyState",
     "default_storage",
+    "new_study_id",
 ]
 
 STATE_FILE = "calibtune_study.json"
@@ -70,14 +78,24 @@ def default_storage(cwd: str | Path | None = None) -> Path:
     return Path(cwd or os.getcwd()).resolve() / "runs" / "studies"
 
 
+def new_study_id() -> str:
+    """A new study folder's id (random, 32 hex digits): what tells its Optuna study in a shared
+    storage from another folder's of the same name (`calibtune.study._optuna.bind_study`)."""
+    import uuid
+
+    return uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class StudyState:
-    """What a study records about itself (`calibtune_study.json`)."""
+    """What a study records about itself (`calibtune_study.json`); ``study_id``: the folder's
+    id (`new_study_id`; None in a folder written before ids existed)."""
 
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
     study_path: str | None = None
+    study_id: str | None = None
 
     @classmethod
     def from_json(cls, text: str, where: Storage) -> StudyState:
@@ -88,6 +106,7 @@ class StudyState:
                 experiment_id=str(d["experiment_id"]),
                 parent_run_id=str(d["parent_run_id"]),
                 study_path=d.get("study_path"),
+                study_id=None if d.get("study_id") is None else str(d["study_id"]),
             )
         except (ValueError, KeyError, TypeError):
             raise StudyDirError(
@@ -189,12 +208,31 @@ class StudyDir:
         return cache_home() / "studies" / self.path.scheme / self.path.path
 
     def has_tune_state(self) -> bool:
-        return (self.path / TUNER_FILE).exists()
+        """Whether Ray Tune has a run of this study to restore: its Tuner saved, and not
+        `never_started` (a crash between ``Tuner(...)``, which writes ``tuner.pkl``, and
+        Tune's first save leaves nothing to resume: `run` starts such a study again)."""
+        return (self.path / TUNER_FILE).exists() and not self.never_started()
+
+    def never_started(self) -> bool:
+        """Whether no trial of the study ever started: no Ray Tune experiment state (Tune saves
+        one before it starts the first trial: `calibtune.study._scheduling.DurableStarts`), no
+        record of a trial start, no trial folder."""
+        starts = self.path / "trial_starts"  # `_scheduling.STARTS`: <round>/<trial id>.json
+        return not (
+            self.path.glob("experiment_state-*.json")
+            or any((starts / r).listdir() for r in starts.listdir())
+            or self.trials_dir.listdir()
+        )
 
     def read_state(self) -> StudyState:
         return StudyState.from_json(_read(self.state_file), self.state_file)
 
     def write_state(self, state: StudyState) -> None:
+        """Record ``state``; without a ``study_id`` the recorded one stays (a folder keeps its
+        id for good)."""
+        if state.study_id is None and self.state_file.is_file():
+            with contextlib.suppress(StudyDirError):
+                state = replace(state, study_id=self.read_state().study_id)
         self.state_file.write_text(json.dumps(asdict(state), indent=2))
 
     def read_study(self) -> Any:
@@ -227,7 +265,7 @@ class StudyDir:
             here = self.path.local_path()
             made = [p for p in (here, *here.parents) if not p.exists()]
         try:
-            with hold_lock(self.path / LOCK_FILE):
+            with hold_lock(self.path / LOCK_FILE, on_lost=self._lock_lost):
                 yield
         except StorageLockedError as exc:
             raise StudyLockedError(self._held_by(exc.holder)) from None
@@ -238,6 +276,17 @@ class StudyDir:
                     with contextlib.suppress(OSError):
                         folder.rmdir()
 
+    def _lock_lost(self, reason: str) -> None:
+        """The lease of the study's lock in a bucket was lost: stop the study the graceful way
+        a full disk stops it (state saved, one line, exit 75), before anyone else can take it."""
+        from calibtune.study._diskfull import request_stop
+
+        request_stop(
+            self.path,
+            f"study {self.name}: {reason}; the study stopped with its state saved: once no other "
+            f"driver runs it, `calibtune resume {self.path}` continues it",
+        )
+
     def _held_by(self, h: dict[str, Any] | None) -> str:
         try:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(h["since"])))  # type: ignore[index]
@@ -245,13 +294,16 @@ class StudyDir:
         except (KeyError, TypeError, ValueError):
             who = "another process"
         return (
-            f"study {self.name}: expected no other driver on {self.path}, found {who} running it; "
-            "wait for it to end (or stop it), then run or resume again"
+            f"study {self.name}: expected no other driver on {self.path}, found {who} running it"
+            f"{lease_note(h)}; wait for it to end (or stop it), then run or resume again"
         )
 
     def check_restorable(self) -> None:
         """Refuse, in one line, a folder Ray Tune could not restore completely (a truncated or
-        missing state file after a crash or a full disk) before Ray unpickles anything."""
+        missing state file after a crash or a full disk) before Ray unpickles anything. A study
+        that `never_started` passes: `resume` starts it (nothing was lost)."""
+        if self.never_started() and (self.path / STUDY_COPY).is_file():
+            return
         tuner = self.path / TUNER_FILE
         if not tuner.is_file() or not _is_tuner_pickle(tuner):
             raise StudyDirError(
