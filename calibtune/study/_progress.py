@@ -299,6 +299,7 @@ def _interrupted_by_full_disk(
 def _progress(
     study: StudyConfig, payload: StudyPayload, optuna_storage: str | None, storage: Path
 ) -> Any:
+    """The study's Tune callback (`_ProgressLines` as a ``ray.tune.Callback``)."""
     from ray.tune import Callback
 
     figures, refresh = _refresher(study, payload, optuna_storage)
@@ -308,77 +309,92 @@ def _progress(
             (trial.trial_id, dict(trial.config), trial.last_result, failed)
         )
 
-    objective = study.search.objectives[0]
+    class Progress(_ProgressLines, Callback):
+        pass
 
-    class Progress(Callback):
-        """One line per finished/failed trial; a trial's MLflow run closed as Tune closed it."""
+    return Progress(study, payload, storage, summarize, figures)
 
-        def __init__(self) -> None:
-            self.done = 0
-            self.failed = 0
-            self.best: float | None = None
 
-        def setup(self, **info):  # type: ignore[override]
-            # at every `Tuner.fit`, a resumed one's too: the study's end renders what is left
-            _register_figures(study.name, figures)
+class _ProgressLines:
+    """One line per finished/failed trial; a trial's MLflow run closed as Tune closed it. A
+    plain class, made a ``ray.tune.Callback`` by `_progress` (Ray is imported there only)."""
 
-        def _running(self, trials: list[Any], trial: Any) -> int:
-            return sum(1 for t in trials if t.status == "RUNNING" and t is not trial)
+    def __init__(
+        self,
+        study: StudyConfig,
+        payload: StudyPayload,
+        storage: Path,
+        summarize: Callable[[Any, bool], None],
+        figures: Any,
+    ) -> None:
+        self.study, self.payload, self.storage = study, payload, storage
+        self.summarize, self.figures = summarize, figures
+        self.objective = study.search.objectives[0]
+        self.done = 0
+        self.failed = 0
+        self.best: float | None = None
 
-        def _tail(self, trials: list[Any], trial: Any) -> str:
-            best = "n/a" if self.best is None else f"{self.best:.4f}"
-            if getattr(self, "slots", None) is None:  # set on first use; read every 5 s at most
-                self.slots = study_slots(study)
-            return (
-                f"finished {self.done}, failed {self.failed} of {study.search.num_samples}, "
-                f"running {self._running(trials, trial)} | {slots_text(self.slots())}"
-                f"best {objective.metric} {best}"
-            )
+    def setup(self, **info):  # type: ignore[no-untyped-def]
+        # at every `Tuner.fit`, a resumed one's too: the study's end renders what is left
+        _register_figures(self.study.name, self.figures)
 
-        def on_trial_complete(self, iteration, trials, trial, **info):  # type: ignore[override]
-            result = trial.last_result or {}
-            child = None if result.get("calibtune/done") else _child(payload, trial.trial_id)
-            if child is not None and child.data.tags.get(TAG_STATUS) == "running":
-                close_run(payload.tracking_uri, child.info.run_id, "stopped")  # ASHA stopped it
-            self.done += 1
-            value = result.get(objective.metric)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                pick = min if objective.mode == "min" else max
-                self.best = float(value) if self.best is None else pick(self.best, float(value))
-            shown = "n/a" if value is None else f"{value:.4f}"
-            self._line(trials, trial, f"{_done(result)}: {objective.metric}={shown}")
-            summarize(trial, False)
+    def _running(self, trials: list[Any], trial: Any) -> int:
+        return sum(1 for t in trials if t.status == "RUNNING" and t is not trial)
 
-        def on_trial_recover(self, iteration, trials, trial, **info):  # type: ignore[override]
-            # neither failed in MLflow nor told to Optuna: the retry continues the same run
-            from calibtune.study._scheduling import error_line, last_error, retryable
+    def _tail(self, trials: list[Any], trial: Any) -> str:
+        best = "n/a" if self.best is None else f"{self.best:.4f}"
+        if getattr(self, "slots", None) is None:  # set on first use; read every 5 s at most
+            self.slots = study_slots(self.study)
+        return (
+            f"finished {self.done}, failed {self.failed} of {self.study.search.num_samples}, "
+            f"running {self._running(trials, trial)} | {slots_text(self.slots())}"
+            f"best {self.objective.metric} {best}"
+        )
 
-            error = last_error(trial)
-            if not retryable(error):
-                return  # its own error: the scheduler ends it at once (`on_trial_error`'s line)
-            why = error_line(error)
-            self._line(trials, trial, f"failed ({why}); retried from its last checkpoint")
+    def on_trial_complete(self, iteration, trials, trial, **info):  # type: ignore[no-untyped-def]
+        payload, objective = self.payload, self.objective
+        result = trial.last_result or {}
+        child = None if result.get("calibtune/done") else _child(payload, trial.trial_id)
+        if child is not None and child.data.tags.get(TAG_STATUS) == "running":
+            close_run(payload.tracking_uri, child.info.run_id, "stopped")  # ASHA stopped it
+        self.done += 1
+        value = result.get(objective.metric)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            pick = min if objective.mode == "min" else max
+            self.best = float(value) if self.best is None else pick(self.best, float(value))
+        shown = "n/a" if value is None else f"{value:.4f}"
+        self._line(trials, trial, f"{_done(result)}: {objective.metric}={shown}")
+        self.summarize(trial, False)
 
-        def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[override]
-            child = _child(payload, trial.trial_id)
-            tags = child.data.tags if child is not None else {}
-            reason = tags.get(TAG_ERROR) or _trial_error(trial)
-            if _interrupted_by_full_disk(payload, storage, trial, child, reason):
-                self._line(trials, trial, "interrupted by a full disk (resumed later)")
-                return  # neither failed in MLflow nor told to Optuna: `resume` finishes it
-            self.failed += 1
-            self._line(trials, trial, f"failed: {_failure(payload, trial)}")
-            summarize(trial, True)
+    def on_trial_recover(self, iteration, trials, trial, **info):  # type: ignore[no-untyped-def]
+        # neither failed in MLflow nor told to Optuna: the retry continues the same run
+        from calibtune.study._scheduling import error_line, last_error, retryable
 
-        def _line(self, trials: list[Any], trial: Any, what: str) -> None:
-            clear_line()  # the live status line, on a TTY
-            loss = trial.config.get("loss")
-            print(
-                f"[calibtune] trial {trial.trial_id} ({loss}) {what} | {self._tail(trials, trial)}",
-                flush=True,
-            )
+        error = last_error(trial)
+        if not retryable(error):
+            return  # its own error: the scheduler ends it at once (`on_trial_error`'s line)
+        why = error_line(error)
+        self._line(trials, trial, f"failed ({why}); retried from its last checkpoint")
 
-    return Progress()
+    def on_trial_error(self, iteration, trials, trial, **info):  # type: ignore[no-untyped-def]
+        payload = self.payload
+        child = _child(payload, trial.trial_id)
+        tags = child.data.tags if child is not None else {}
+        reason = tags.get(TAG_ERROR) or _trial_error(trial)
+        if _interrupted_by_full_disk(payload, self.storage, trial, child, reason):
+            self._line(trials, trial, "interrupted by a full disk (resumed later)")
+            return  # neither failed in MLflow nor told to Optuna: `resume` finishes it
+        self.failed += 1
+        self._line(trials, trial, f"failed: {_failure(payload, trial)}")
+        self.summarize(trial, True)
+
+    def _line(self, trials: list[Any], trial: Any, what: str) -> None:
+        clear_line()  # the live status line, on a TTY
+        loss = trial.config.get("loss")
+        print(
+            f"[calibtune] trial {trial.trial_id} ({loss}) {what} | {self._tail(trials, trial)}",
+            flush=True,
+        )
 
 
 def _on_disk(storage: Any) -> bool:
