@@ -26,11 +26,13 @@ from calibtune.trial import config_to_dict
 
 ROOT = Path(__file__).resolve().parents[1]
 CARDS = ROOT / "docs" / "papers.md"
-# The paper studies: a year in the name, or the FCL paper's study.
+_FCL_STUDY = r"fcl_(resnet110_|wrn26_10_|densenet121_)?(cifar10|cifar100|tiny_imagenet)\.yaml"
+# The paper studies: a year in the name, or the FCL paper's studies (fcl_<network_>dataset.yaml;
+# fcl_gamma_lambda.yaml is a search, not a paper study).
 PAPER_STUDIES = sorted(
     p.relative_to(ROOT).as_posix()
     for p in (ROOT / "studies").glob("*.yaml")
-    if re.search(r"[a-z]20\d\d_", p.name) or p.name == "fcl_cifar10.yaml"
+    if re.search(r"[a-z]20\d\d_", p.name) or re.fullmatch(_FCL_STUDY, p.name)
 )
 # Trial keys that say where and how a study runs, not what the paper's protocol is.
 OPERATIONAL = ("data.root", "train.checkpoint_every", "train.loader_workers", "scaling.")
@@ -125,7 +127,8 @@ def check(key: str, actual: Any, expected: Any) -> None:
 
 
 def test_every_paper_study_has_a_card_and_every_card_a_study() -> None:
-    assert len(PAPER_STUDIES) == 9  # five papers, and four OOD studies on the papers' networks
+    # five papers on CIFAR-10, four OOD studies on the papers' networks, and issue 44's grid
+    assert len(PAPER_STUDIES) == 9 + len(GRID_STUDIES)
     assert sorted(CARD_ROWS) == PAPER_STUDIES
 
 
@@ -345,3 +348,86 @@ def test_submit_commands_pass_submits_checks_up_to_the_cluster(monkeypatch, caps
         assert submitted["trial"]["data"] == {**data, "root": "/shared/data"}, line
         seen.append(argv[1])
     assert sorted(seen) == PAPER_STUDIES
+
+
+# issue 44, item 1: the CIFAR-100 and Tiny-ImageNet rows of the papers' tables, one study per paper,
+# data set and network as each paper's tables have them; the name says which network and data set.
+_CIFAR100_NETS = {
+    "": "resnet50",
+    "resnet110_": "resnet110_bottleneck",
+    "wrn26_10_": "wide_resnet26_10",
+    "densenet121_": "densenet121",
+}
+GRID_STUDIES = {
+    **{
+        f"studies/{paper}_{tag}cifar100.yaml": ("cifar100", net)
+        for paper in ("mukhoti2020_focal", "ghosh2022_adafocal", "tao2023_dual_focal", "fcl")
+        for tag, net in _CIFAR100_NETS.items()
+    },
+    "studies/komisarenko2024_focal_ts_cifar100.yaml": ("cifar100", "resnet50"),
+    **{
+        f"studies/{paper}_tiny_imagenet.yaml": ("tiny_imagenet", "resnet50_tiny")
+        for paper in (
+            "mukhoti2020_focal",
+            "ghosh2022_adafocal",
+            "tao2023_dual_focal",
+            "fcl",
+            "komisarenko2024_focal_ts",
+        )
+    },
+}
+# Tiny-ImageNet batch sizes as each paper states them: 64 (Mukhoti App. D, Ghosh App. D.2,
+# Komisarenko §5.1), 128 "for all datasets" (Tao §5, FCL §5)
+_TINY_BATCH = {
+    "mukhoti2020": 64,
+    "ghosh2022": 64,
+    "komisarenko2024": 64,
+    "tao2023": 128,
+    "fcl": 128,
+}
+
+
+@pytest.mark.parametrize("path", sorted(GRID_STUDIES))
+def test_grid_studies_train_the_network_and_data_set_their_names_say(path: str) -> None:
+    assert path in PAPER_STUDIES
+    base = load_study(ROOT / path).base_config()
+    assert (base.data.name, base.model.name) == GRID_STUDIES[path]
+    assert list(base.data.ood) == []  # no paper evaluates OOD with these in-distribution sets
+    got = (base.train.epochs, base.milestones(), base.train.batch_size)
+    if base.data.name == "cifar100":
+        assert got == (350, (150, 250), 128), path
+    else:  # 100 epochs, 0.1/0.01/0.001 at 40/60, the paper's batch size
+        batch = next(b for k, b in _TINY_BATCH.items() if k in path)
+        assert got == (100, (40, 60), batch), path
+    assert (base.optimizer.lr, base.schedule.gamma) == (0.1, 0.1)
+
+
+def test_tiny_imagenet_validation_holds_out_50_images_per_class() -> None:
+    # "50 images per class held out for validation": the studies' val_fraction on Tiny-ImageNet's
+    # 200 × 500 training images, through the split the loader draws (validation_count, then
+    # stratified_holdout), gives exactly 50 of every class
+    import numpy as np
+
+    from calibtune.data import stratified_holdout
+    from calibtune.data._common import validation_count
+
+    labels = np.repeat(np.arange(200), 500)
+    for path, (data, _) in GRID_STUDIES.items():
+        if data != "tiny_imagenet":
+            continue
+        cfg = load_study(ROOT / path).base_config().data
+        n_val = validation_count(cfg.val_fraction, labels.size, data)
+        keep, hold = stratified_holdout(labels, n_val, cfg.split_seed)
+        assert (keep.size, hold.size) == (90_000, 10_000), path
+        assert np.array_equal(np.bincount(labels[hold], minlength=200), np.full(200, 50)), path
+
+
+def test_ghosh_tiny_imagenet_reports_the_lowest_validation_error_epoch() -> None:
+    # AdaFocal App. D.3: every data set reports the last epoch except Tiny-ImageNet, "the model that
+    # has the lowest error on the validation set"; every other paper study reports the last epoch
+    for path in PAPER_STUDIES:
+        ev = load_study(ROOT / path).base_config().eval
+        if path == "studies/ghosh2022_adafocal_tiny_imagenet.yaml":
+            assert (ev.select_epoch, ev.select_metric) == ("best", "val/error")
+        else:
+            assert ev.select_epoch == "last", path
