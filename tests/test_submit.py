@@ -183,7 +183,7 @@ def test_the_job_runs_the_nodes_python_with_the_runtime_env_and_forwarded_variab
     assert env["working_dir"] == str(tmp_path)
     assert "/notes" in env["excludes"] and "/tests" in env["excludes"]
     assert env["env_vars"]["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000"
-    assert env["env_vars"]["MLFLOW_TRACKING_TOKEN"] == "t"
+    assert "MLFLOW_TRACKING_TOKEN" not in env["env_vars"]  # a credential: only with --env
     assert env["env_vars"]["OMP_NUM_THREADS"] == "1"
     assert yaml.safe_load(env["env_vars"]["CALIBTUNE_STUDY_YAML"])["name"] == "s"
     assert "HOME" not in env["env_vars"]
@@ -216,7 +216,7 @@ def test_what_travels_from_this_project() -> None:
 
 def test_forwarded_variables_are_named_by_prefix() -> None:
     env = {"AWS_SECRET_ACCESS_KEY": "k", "RAY_TRAIN_X": "1", "PATH": "/bin", "RAY_ADDRESS": "a"}
-    assert forwarded_env(env) == {"AWS_SECRET_ACCESS_KEY": "k", "RAY_TRAIN_X": "1"}
+    assert forwarded_env(env) == {"RAY_TRAIN_X": "1"}  # a credential only by --env (issue 41)
 
 
 # ------------------------------------------------------------------------------- --fetch (issue 30)

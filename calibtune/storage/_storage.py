@@ -3,18 +3,29 @@
 A location is resolved once, at the command line's boundary (`open_storage`), from a local path
 or a URI: a path (or ``file://``) is the local disk, written through `atomic_filesystem`
 (temp file, fsync, rename); ``s3://BUCKET/PREFIX`` is an S3 or S3-compatible store whose
-endpoint, region and credentials come from the standard environment variables
-(``AWS_ENDPOINT_URL_S3`` or ``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION``,
-``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, else the AWS default
-credential chain); any other URI goes to ``pyarrow.fs.FileSystem.from_uri`` (``gs://``,
-``hdfs://``...). Everything else — reading, atomic writing, listing, deleting, streams for
-``torch.save``/``torch.load`` — goes through the pair, so the same code serves a local disk, NFS
-and a bucket, and Ray Tune/Train get the same pair (`Storage.ray_args`).
+endpoint and region come from the standard environment variables (``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL``, ``AWS_REGION`` or ``AWS_DEFAULT_REGION``); any other URI goes to
+``pyarrow.fs.FileSystem.from_uri`` (``gs://``, ``hdfs://``...). A text that starts like a URI
+(``s3:``, ``gs:``) without ``//``, a URI with a ``?query`` or ``#fragment`` (which `Storage.uri`
+could not name again) and a URI with credentials in it are refused.
+
+Credentials are never arguments: the S3 client reads them through the AWS SDK's default chain
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, a profile, a web
+identity, the node's instance or pod role) in each process that uses it. Ray Tune pickles the
+file system it is handed (``tuner.pkl``, the experiment state, every trial's task), and
+pyarrow pickles explicit keys with it; a file system built from the chain pickles none, and
+each process that unpickles it asks its own chain.
+
+Everything else — reading, atomic writing, listing, deleting, streams for ``torch.save`` and
+``torch.load`` — goes through the pair, so the same code serves a local disk, NFS and a bucket,
+and Ray Tune/Train get the same pair (`Storage.ray_args`).
 
 Atomicity: a local write renames a complete temp file over the target; an object store makes an
 object visible only once its upload completes, and calibtune uploads a stream only when the code
-writing it finished without an error (one PUT of the whole buffer), so readers see the old or
-the new object, never a part.
+writing it finished without an error, so readers see the old or the new object, never a part.
+An object smaller than pyarrow's part size (10 MiB) goes as one ``PutObject``
+(``allow_delayed_open``): no multipart upload, which some S3-compatible servers answer wrongly
+(moto 5.2.1 reports a failed ``CompleteMultipartUpload`` inside a 200).
 """
 
 from __future__ import annotations
@@ -23,17 +34,21 @@ import contextlib
 import io
 import os
 import posixpath
+import re
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["Storage", "StorageError", "open_storage"]
+__all__ = ["Storage", "StorageError", "check_location", "open_storage"]
 
 S3_CONNECT_TIMEOUT_S = 5.0
 S3_REQUEST_TIMEOUT_S = 60.0
 S3_ATTEMPTS = 3
+
+# RFC 3986's scheme, then ":"; a drive letter ("C:") is not a concern on the POSIX nodes served
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*:")
 
 
 class StorageError(ValueError):
@@ -109,7 +124,10 @@ class Storage:
 
     def ray_args(self) -> tuple[str, Any]:
         """``(storage_path, storage_filesystem)`` for Ray Tune's and Ray Train's ``RunConfig``
-        and ``Tuner.restore``: the same file system, so Ray's files land where calibtune's do."""
+        and ``Tuner.restore``: the same file system, so Ray's files land where calibtune's do,
+        and no credential copied from this process into Ray's trial actors
+        (`_ray_copies_no_credentials`)."""
+        _ray_copies_no_credentials()
         return self.path, self.fs
 
     # ------------------------------------------------------------------ queries
@@ -240,8 +258,28 @@ class Storage:
             )
 
 
-def _s3(uri: str, parsed: urllib.parse.SplitResult) -> Storage:
-    """An S3 (or S3-compatible) store from the standard AWS environment variables."""
+#: what Ray Tune copies from the driver's environment into every trial actor's ``runtime_env``
+#: (``ray.tune.execution.class_cache.ENV_VARS_TO_PROPAGATE``), which Ray logs on each node
+#: (``runtime_env_agent.log``) and shows to anyone who can list actors
+_RAY_COPIED_CREDENTIALS = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"}
+)
+
+
+def _ray_copies_no_credentials() -> None:
+    """Take the credential variables out of Ray Tune's copy list (Ray has no setting for it):
+    a local Ray's workers inherit the driver's environment anyway, and a cluster's nodes use
+    their own credentials (`calibtune submit --env` names one that must travel)."""
+    from ray.tune.execution import class_cache
+
+    class_cache.ENV_VARS_TO_PROPAGATE = (
+        frozenset(class_cache.ENV_VARS_TO_PROPAGATE) - _RAY_COPIED_CREDENTIALS
+    )
+
+
+def _s3(parsed: urllib.parse.SplitResult) -> Storage:
+    """An S3 (or S3-compatible) store: endpoint and region from the standard AWS environment
+    variables, credentials from the SDK's default chain (never passed: they would be pickled)."""
     from pyarrow.fs import AwsStandardS3RetryStrategy, S3FileSystem
 
     env = os.environ
@@ -249,6 +287,7 @@ def _s3(uri: str, parsed: urllib.parse.SplitResult) -> Storage:
         "connect_timeout": S3_CONNECT_TIMEOUT_S,
         "request_timeout": S3_REQUEST_TIMEOUT_S,
         "retry_strategy": AwsStandardS3RetryStrategy(max_attempts=S3_ATTEMPTS),
+        "allow_delayed_open": True,  # a stream under one part is one PutObject at close
     }
     endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
     if endpoint:
@@ -258,19 +297,63 @@ def _s3(uri: str, parsed: urllib.parse.SplitResult) -> Storage:
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if region:
         kw["region"] = region
-    if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
-        kw["access_key"] = env["AWS_ACCESS_KEY_ID"]
-        kw["secret_key"] = env["AWS_SECRET_ACCESS_KEY"]
-        if env.get("AWS_SESSION_TOKEN"):
-            kw["session_token"] = env["AWS_SESSION_TOKEN"]
     path = f"{parsed.netloc}/{parsed.path.strip('/')}".rstrip("/")
     return Storage(S3FileSystem(**kw), path, "s3")
+
+
+def _shown(parsed: urllib.parse.SplitResult) -> str:
+    """A URI as a message may show it: without its user information, query or fragment, which
+    may hold a key (pyarrow reads ``secret_key=`` from a query)."""
+    host = parsed.netloc.rpartition("@")[2]
+    user = "…@" if "@" in parsed.netloc else ""
+    rest = ("?…" if parsed.query else "") + ("#…" if parsed.fragment else "")
+    return f"{parsed.scheme}://{user}{host}{parsed.path}{rest}"
+
+
+def check_location(text: str, key: str = "storage") -> urllib.parse.SplitResult | None:
+    """The URI ``text`` names, parsed (None for a local path), without opening anything; refused
+    in one line naming ``key`` (never echoing a secret): a scheme and ``:`` without ``//``
+    (``s3:/b/x``, ``s3:b/x``, ``gs:/b``, ``a:b``: a local folder of that name is ``./a:b``), a
+    query or fragment (`Storage.uri` could not name it again; pyarrow reads ``secret_key=`` from
+    a query), credentials (a password, or any user part of a bucket URI: pyarrow reads
+    ``s3://KEY:SECRET@BUCKET``).
+
+    >>> check_location("runs/studies") is None, check_location("s3://b/p").netloc
+    (True, 'b')
+    >>> check_location("s3:b/p", "--storage")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    calibtune.storage._storage.StorageError: --storage: expected SCHEME://… (s3://BUCKET/...
+    """
+    head = _SCHEME.match(text)
+    if head is not None and not text[head.end() :].startswith("//"):
+        raise StorageError(
+            f"{key}: expected SCHEME://… (s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, file:///PATH) "
+            f"or a local path (./{text} for a folder of that name), got {text!r}"
+        )
+    if "://" not in text:
+        return None
+    parsed = urllib.parse.urlsplit(text)
+    shown = _shown(parsed)
+    if parsed.query or parsed.fragment or text.endswith(("?", "#")):
+        raise StorageError(
+            f"{key}: expected a URI without ?query or #fragment (an S3 endpoint and region come "
+            f"from AWS_ENDPOINT_URL_S3 and AWS_REGION), got {shown!r}"
+        )
+    bucket = parsed.scheme.lower() in ("s3", "s3a", "gs", "gcs")  # its user part is a key
+    if parsed.password is not None or (bucket and "@" in parsed.netloc):
+        raise StorageError(
+            f"{key}: expected a URI without credentials (they come from the environment or "
+            f"the node's role), got {shown!r}"
+        )
+    return parsed
 
 
 def open_storage(where: str | os.PathLike[str] | Storage, key: str = "storage") -> Storage:
     """The `Storage` that ``where`` names: a local path (made absolute, ``~`` expanded), a
     ``file://`` URI, ``s3://BUCKET[/PREFIX]`` (AWS environment variables), or any URI
-    ``pyarrow.fs.FileSystem.from_uri`` opens; `StorageError` naming ``key`` otherwise.
+    ``pyarrow.fs.FileSystem.from_uri`` opens; `StorageError` naming ``key`` otherwise: what
+    `check_location` refuses, a URI no file system opens.
 
     >>> open_storage("s3://calib/studies/").uri
     's3://calib/studies'
@@ -282,18 +365,18 @@ def open_storage(where: str | os.PathLike[str] | Storage, key: str = "storage") 
     if isinstance(where, Storage):
         return where
     text = os.fspath(where)
-    if "://" not in text:
+    parsed = check_location(text, key)
+    if parsed is None:
         from calibtune.storage._local import atomic_filesystem
 
         return Storage(atomic_filesystem(), os.path.abspath(os.path.expanduser(text)))
-    parsed = urllib.parse.urlsplit(text)
     scheme = parsed.scheme.lower()
     if scheme == "file":
         return open_storage(urllib.parse.unquote(parsed.path) or "/", key)
-    if scheme in ("s3", "s3a") and not parsed.query:
+    if scheme in ("s3", "s3a"):
         if not parsed.netloc:
             raise StorageError(f"{key}: expected s3://BUCKET[/PREFIX], got {text!r}")
-        return _s3(text, parsed)
+        return _s3(parsed)
     from pyarrow.fs import FileSystem
 
     try:

@@ -343,6 +343,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
             fetch=args.fetch,
             mirror=args.mirror,
             wait_for_resources=args.wait_for_resources,
+            env_names=args.env,
         )
         client = job_client(args.address)
         job_id = submit_job(client, **spec)
@@ -538,6 +539,14 @@ COMMANDS: dict[str, Command] = {
                 help="with --fetch: a lab mirror instead of the official hosts "
                 "($CALIBTUNE_DATA_MIRROR is forwarded too)",
             ),
+            arg(
+                "--env",
+                action="append",
+                default=[],
+                metavar="NAME",
+                help="also send variable NAME from this shell (repeatable), e.g. a credential "
+                "the nodes have no other way to get; anyone who can read the job sees it",
+            ),
             arg("--wait", action="store_true", help="follow the job's logs until it ends"),
             WAIT_FOR_RESOURCES,
             *VERBOSITY,
@@ -545,8 +554,9 @@ COMMANDS: dict[str, Command] = {
         "Submit `python -m calibtune run STUDY.yaml --address auto` as a Ray Job with the "
         "project as working directory (.gitignore, tests and docs left out). Storage and the "
         "tracking URI must be given and reachable from every node (s3://BUCKET/PREFIX or a "
-        "shared absolute path; an MLflow server); MLFLOW_*, AWS_*, RAY_TRAIN_* and CALIBTUNE_* "
-        "variables are forwarded. The data root must be absolute (--data-root DIR); with --fetch "
+        "shared absolute path; an MLflow server); endpoint, region and MLflow client "
+        "variables, RAY_TRAIN_* and CALIBTUNE_* are forwarded, credentials only when named "
+        "with --env. The data root must be absolute (--data-root DIR); with --fetch "
         "the job first fetches the sets the study reads there. Before the first trial, the job "
         "checks that every node runs the driver's calibtune, torch, ray, mlflow and optuna.",
     ),

@@ -7,11 +7,19 @@ on the job's ``PATH``; the submitting machine's interpreter path means nothing t
 `job_spec` is the one description of a job: `calibtune submit` sends it and the recipes under
 ``deploy/`` are generated from it (`calibtune.study._deploy`).
 
+The environment a job gets from the submitting shell is an allow-list (`FORWARDED_NAMES`,
+`FORWARDED_PREFIXES`: endpoints, regions, MLflow client settings, Ray Train's and calibtune's
+own), never a credential: Ray returns a job's ``runtime_env`` to anyone with job-API access, so
+a secret travels only when the user names it (``--env NAME``); nodes otherwise get credentials
+their own way (a Kubernetes Secret, IRSA, workload identity, an instance role, the environment
+``ray start`` ran in). A submission carries a ``submission_id`` made once per `submit_job`, so a
+retried request cannot start a second driver.
+
 Checked here, before the cluster is contacted (one line each, exit 2): storage and tracking URIs
-that would land on the submitting machine's disk, relative data roots (``--data-root DIR``
-replaces the study's; with ``--fetch`` the job fetches the sets the study reads there before the
-first trial), a ``--runtime-env`` file that is not a Ray ``runtime_env``, and a working directory
-over Ray's upload limit.
+that would land on the submitting machine's disk, ``--env`` names not set here, relative data
+roots (``--data-root DIR`` replaces the study's; with ``--fetch`` the job fetches the sets the
+study reads there before the first trial), a ``--runtime-env`` file that is not a Ray
+``runtime_env``, and a working directory over Ray's upload limit.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import secrets
 import shlex
 import tempfile
 import time
@@ -29,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from calibtune.storage._storage import check_location
 from calibtune.study._preflight import check_address
 from calibtune.study._raycluster import client_token_auth
 
@@ -36,6 +46,7 @@ from calibtune.study._raycluster import client_token_auth
 # so that `calibtune --help` does not import Ray (bench/bench_cli.py).
 
 __all__ = [
+    "FORWARDED_NAMES",
     "FORWARDED_PREFIXES",
     "JOB_EXCLUDES",
     "check_data_roots",
@@ -49,6 +60,7 @@ __all__ = [
     "job_output",
     "job_spec",
     "load_runtime_env",
+    "new_submission_id",
     "project_root",
     "ray_address",
     "submission",
@@ -76,10 +88,30 @@ JOB_EXCLUDES = (
     "/deploy",
 )
 
-#: the environment a job's trials read, forwarded by name (a job does not inherit the
-#: submitting shell's environment): MLflow's client settings, S3 endpoint and credentials, Ray
-#: Train's settings and calibtune's own
-FORWARDED_PREFIXES = ("MLFLOW_", "AWS_", "RAY_TRAIN_", "CALIBTUNE_")
+#: the variables a job gets from the submitting shell when set there (a job inherits none):
+#: where the stores are and how to talk to them, never who the job is. Not among them, on
+#: purpose: credentials (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN,
+#: MLFLOW_TRACKING_USERNAME/PASSWORD/TOKEN) and this machine's own files and identity
+#: (AWS_PROFILE, AWS_CA_BUNDLE, AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE, AWS_ROLE_ARN,
+#: AWS_WEB_IDENTITY_TOKEN_FILE), which would override the nodes' own roles; `--env NAME` sends
+#: one by name
+FORWARDED_NAMES = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_REQUEST_CHECKSUM_CALCULATION",  # botocore >= 1.36 against S3-compatible servers
+    "AWS_RESPONSE_CHECKSUM_VALIDATION",
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_S3_ENDPOINT_URL",
+    "MLFLOW_TRACKING_INSECURE_TLS",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR",
+)
+#: prefixes forwarded whole: Ray Train's settings and calibtune's own (none is a credential)
+FORWARDED_PREFIXES = ("RAY_TRAIN_", "CALIBTUNE_")
 
 STUDY_ENV = "CALIBTUNE_STUDY_YAML"
 
@@ -97,8 +129,11 @@ RUNTIME_ENV_KEYS = (
     "config",
 )
 
-# the head's job agent starts a few seconds after its dashboard answers
+# the head's job agent starts a few seconds after its dashboard answers; a request the head or
+# a proxy in front of it dropped is sent again (same submission_id) within the same bound
 _AGENT_WAIT_S = 60.0
+_RETRY_S = 2.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 # Ray's limit on an uploaded package (ray._private.runtime_env.packaging: the gRPC message size,
 # overridable with the same variable Ray reads)
@@ -168,6 +203,7 @@ def check_job_uris(storage: str | None, tracking_uri: str | None) -> tuple[str, 
         raise ValueError(
             _where("--storage", "none (the default ./runs/studies is this machine's disk)")
         )
+    check_location(storage, "--storage")
     if not _is_remote(storage) and not Path(storage).expanduser().is_absolute():
         raise ValueError(
             _where("--storage", f"{storage!r}, a path relative to this machine's working directory")
@@ -322,16 +358,32 @@ def load_runtime_env(path: str | Path) -> dict[str, Any]:
     return env
 
 
-def forwarded_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The variables of ``environ`` a job gets by name (`FORWARDED_PREFIXES`).
+def forwarded_env(
+    environ: Mapping[str, str], names: tuple[str, ...] | list[str] = ()
+) -> dict[str, str]:
+    """The variables of ``environ`` a job gets: those of `FORWARDED_NAMES` and
+    `FORWARDED_PREFIXES` that are set, and each of ``names`` (``--env NAME``, e.g. a secret the
+    nodes have no other way to get), which must be set; `STUDY_ENV` never (the job's own).
 
-    >>> forwarded_env({"AWS_ENDPOINT_URL_S3": "http://s3:9000", "HOME": "/root"})
+    >>> forwarded_env({"AWS_ENDPOINT_URL_S3": "http://s3:9000", "AWS_SECRET_ACCESS_KEY": "k"})
     {'AWS_ENDPOINT_URL_S3': 'http://s3:9000'}
+    >>> forwarded_env({"AWS_SECRET_ACCESS_KEY": "k"}, ["AWS_SECRET_ACCESS_KEY"])
+    {'AWS_SECRET_ACCESS_KEY': 'k'}
     """
+    for name in names:
+        if not _ENV_NAME.fullmatch(name) or name == STUDY_ENV:
+            raise ValueError(
+                f"--env: expected the name of a variable set here (letters, digits, _; its "
+                f"value is read from this shell), got {name!r}"
+                + (" (submit sets it)" if name == STUDY_ENV else "")
+            )
+        if name not in environ:
+            raise ValueError(f"--env {name}: expected a variable set in this shell, found none")
     return {
         k: v
         for k, v in sorted(environ.items())
-        if k.startswith(FORWARDED_PREFIXES) and k != STUDY_ENV
+        if k != STUDY_ENV
+        and (k in FORWARDED_NAMES or k.startswith(FORWARDED_PREFIXES) or k in names)
     }
 
 
@@ -500,17 +552,50 @@ def follow(client: Any, job_id: str, verbose: bool = False) -> int:
         time.sleep(2)
 
 
+def new_submission_id(study_name: str) -> str:
+    """A job id no other submission has: the study's name and 64 random bits.
+
+    >>> new_submission_id("quickstart").startswith("calibtune-quickstart-")
+    True
+    """
+    return f"calibtune-{study_name}-{secrets.token_hex(8)}"
+
+
+def _transient(exc: Exception) -> bool:
+    """Whether a failed ``submit_job`` request may have reached the head or may work again: its
+    job agent not up yet, a dropped connection or read timeout, a proxy's 502/503/504."""
+    import requests
+
+    if isinstance(exc, (requests.ConnectionError, requests.Timeout, ConnectionError)):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and (
+        "No available agent" in text or re.search(r"status code 50[234]\b", text) is not None
+    )
+
+
 def submit_job(client: Any, **job: Any) -> str:
-    """``client.submit_job(**job)``, retried while the head answers that its job agent is not
-    up yet (a freshly started cluster), for at most `_AGENT_WAIT_S`."""
+    """``client.submit_job(**job)`` with one ``submission_id`` (`new_submission_id`, unless
+    given) for all its attempts: a request that failed in a way that may be passing (`_transient`:
+    the job agent not up yet on a fresh cluster, a connection dropped, a proxy's timeout) is sent
+    again for at most `_AGENT_WAIT_S`, and a retry the head answers "already exists" means an
+    earlier attempt started the job: its id is returned, no second driver starts. A later
+    `submit_job` of the same study makes a new id, a new job."""
+    study = str((job.get("metadata") or {}).get("calibtune.study", "study"))
+    job = {**job, "submission_id": job.get("submission_id") or new_submission_id(study)}
+    sid = job["submission_id"]
     deadline = time.monotonic() + _AGENT_WAIT_S
+    retried = False
     while True:
         try:
             return str(client.submit_job(**job))
-        except RuntimeError as exc:
-            if "No available agent" not in str(exc) or time.monotonic() > deadline:
+        except Exception as exc:
+            if retried and isinstance(exc, RuntimeError) and f"{sid} already exists" in str(exc):
+                return sid  # the earlier attempt reached the head
+            if not _transient(exc) or time.monotonic() > deadline:
                 raise
-            time.sleep(2)
+        retried = True
+        time.sleep(_RETRY_S)
 
 
 def submission(
@@ -525,9 +610,11 @@ def submission(
     fetch: bool = False,
     mirror: str | None = None,
     wait_for_resources: float | None = None,
+    env_names: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
     """`calibtune submit`'s checks, in order, then its `job_spec`: the storage and tracking URI
-    (given, not this machine's disk; then `preflight_submit`), the data roots (``data_root``
+    (given, not this machine's disk; then `preflight_submit`), the variables ``env_names``
+    (``--env``: set here; sent with `forwarded_env`'s allow-list), the data roots (``data_root``
     replaces the study's; with ``fetch`` the job fetches the sets the study reads there first,
     from ``mirror`` if given), the ``--runtime-env`` file, the upload's size. Nothing is
     contacted or written but the stores' checks (`preflight_submit`)."""
@@ -536,6 +623,7 @@ def submission(
     from calibtune.study._tracking import resolve_tracking_uri
 
     store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
+    env = forwarded_env(os.environ, env_names)
     if mirror is not None and not fetch:
         raise ValueError(
             f"--mirror: expected --fetch with it (where the job fetches from), got {mirror!r} alone"
@@ -556,7 +644,7 @@ def submission(
         python=python,
         root=root,
         runtime_env=renv,
-        env=forwarded_env(os.environ),
+        env=env,
         verbose=verbose,
         fetch=fetch_argv[1:],  # after "calibtune": the job runs `python -m calibtune data fetch`
         wait_for_resources=wait_for_resources,
