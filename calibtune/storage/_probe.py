@@ -8,6 +8,10 @@ mounted over it, an NFS mount missing on one node) writes its trials where no ot
 driver writes a marker, one task pinned to each node (``NodeAffinitySchedulingStrategy``, hard)
 reads it and writes its own answer, and the driver reads every answer back. A node that cannot
 is named in one line (`StorageNotSharedError`); the markers are removed either way.
+
+The task gets the location as the *string* a trial gets, and opens it as a trial does
+(`open_storage` with the node's own environment and credentials), never the driver's client:
+a node without the driver's endpoint or keys fails the probe as its trials would.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import contextlib
 import uuid
 from typing import Any
 
-from calibtune.storage._storage import Storage, StorageError
+from calibtune.storage._storage import Storage, StorageError, open_storage
 
 __all__ = ["PROBE_DIR", "StorageNotSharedError", "check_nodes_see"]
 
@@ -28,12 +32,16 @@ class StorageNotSharedError(StorageError):
     """A node of the cluster cannot read or write the storage (one line naming the node)."""
 
 
-def _probe_node(where: Storage, token: str) -> str | None:
+def _probe_node(uri: str, token: str) -> str | None:
     """On one node: None when it reads the driver's marker and writes its own answer, else why
-    not (the node's own words)."""
+    not (the node's own words). ``uri``: the probe folder as trials are given their folders."""
     import ray
 
     node = ray.get_runtime_context().get_node_id()
+    try:
+        where = open_storage(uri)
+    except (OSError, ValueError) as exc:
+        return f"could not open {uri}: {' '.join(str(exc).split())[:160]}"
     try:
         found = (where / f"{token}.driver").read_text()
     except FileNotFoundError:
@@ -68,7 +76,7 @@ def check_nodes_see(storage: Storage, key: str = "storage") -> None:
         refs = [
             probe.options(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            ).remote(where, token)
+            ).remote(where.uri, token)
             for n in nodes
         ]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=PROBE_TIMEOUT_S)

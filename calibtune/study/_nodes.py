@@ -8,6 +8,12 @@ another client or fail on a pickled object. `check_node_versions` runs one task 
 alive node (pinned to it, no CPU asked, so a busy node answers too) and refuses a mismatch in one
 line naming the node and both versions. The driver's own node runs the driver's environment and is
 not probed (a local Ray has no other node: nothing is started).
+
+A cluster that scales its GPU workers from zero has only its head at the start: a node that
+joins later is checked by `check_this_node`, in the first trial process that runs there (cached
+per process and, by a marker in the study folder, per node): its versions (read without torch)
+and whether it sees the study's storage through the trials' own client. A node that fails is
+named in one line and its trials are refused.
 """
 
 from __future__ import annotations
@@ -16,7 +22,17 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-__all__ = ["PACKAGES", "check_node_versions", "node_versions", "version_mismatch"]
+from calibtune.storage import open_storage
+
+__all__ = [
+    "NODE_MARKS",
+    "PACKAGES",
+    "NodeRefusedError",
+    "check_node_versions",
+    "check_this_node",
+    "node_versions",
+    "version_mismatch",
+]
 
 #: the distributions whose versions must agree on every node
 PACKAGES = ("calibtune", "torch", "ray", "mlflow", "optuna")
@@ -66,9 +82,11 @@ def version_mismatch(
         if diff:
             want = ", ".join(f"{p} {driver[p]}" for p in diff)
             found = ", ".join(f"{p} {have.get(p, 'absent')}" for p in diff)
-            cuda = "CUDA seen" if nodes[name]["cuda"] else "CUDA not seen"
+            cuda = {True: " (CUDA seen there)", False: " (CUDA not seen there)"}.get(
+                nodes[name].get("cuda"), ""
+            )
             return (
-                f"node {name}: expected the driver's {want}, found {found} ({cuda} there); "
+                f"node {name}: expected the driver's {want}, found {found}{cuda}; "
                 "install one set of versions on every node (--runtime-env with pip and "
                 "constraints.txt, or one image)"
             )
@@ -103,3 +121,47 @@ def check_node_versions() -> None:
         reports[name] = ray.get(ref)
     if (line := version_mismatch(node_versions(), reports)) is not None:
         raise ValueError(line)
+
+
+#: the study folder's record of the nodes whose first trial checked them (one object a node)
+NODE_MARKS = ".calibtune-nodes"
+_CHECKED: set[str] = set()  # nodes this process has checked
+
+
+class NodeRefusedError(ValueError):
+    """A node that joined the cluster after the study started cannot run its trials (one line
+    naming the node): other versions, or storage it does not see."""
+
+
+def check_this_node(study_dir: str, state_file: str, driver: Mapping[str, str], node: str) -> None:
+    """In a trial process on Ray node ``node``: refuse (`NodeRefusedError`) this node's trials
+    when it runs other versions of `PACKAGES` than the ``driver``'s, or does not see the study
+    folder ``study_dir`` (the string trials are given, opened with this node's environment)
+    holding ``state_file``; else record the node as checked (`NODE_MARKS`)."""
+    if node in _CHECKED:
+        return
+    name = f"{node[:12]} ({_address()})"
+    line = version_mismatch(driver, {name: {"versions": node_versions()}})
+    if line is not None:
+        raise NodeRefusedError(f"{line}; its trials are refused")
+    try:
+        folder = open_storage(study_dir)
+        marker = folder / NODE_MARKS / node
+        if not marker.is_file():
+            if not (folder / state_file).is_file():
+                raise FileNotFoundError(2, f"no {state_file} there", folder.uri)
+            marker.write_text(node)
+    except (OSError, ValueError) as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise NodeRefusedError(
+            f"node {name}: expected the study's storage {study_dir} as the driver sees it, got "
+            f"{why}; give the node the driver's storage (mount, endpoint, credentials); its "
+            "trials are refused"
+        ) from None
+    _CHECKED.add(node)
+
+
+def _address() -> str:
+    import ray
+
+    return str(ray.util.get_node_ip_address())

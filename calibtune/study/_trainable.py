@@ -40,7 +40,9 @@ from calibtune.metrics import keys as K
 from calibtune.storage import open_storage
 from calibtune.study._config import StudyConfig
 from calibtune.study._lineage import log_data_inputs, trial_inputs
+from calibtune.study._nodes import check_this_node, node_versions
 from calibtune.study._spaces import decode
+from calibtune.study._studydir import STATE_FILE
 from calibtune.study._tracking import (
     TAG_LOSS,
     TAG_REUSED,
@@ -88,10 +90,25 @@ class StudyPayload:
     parent_run_id: str
     trials_dir: str
     seed_options: Mapping[str, Any] = field(default_factory=dict)
+    #: the driver's versions and Ray node: a trial on another node checks it first
+    #: (`calibtune.study._nodes.check_this_node`)
+    driver_versions: Mapping[str, str] = field(default_factory=dict)
+    driver_node: str | None = None
 
     def __post_init__(self) -> None:
         if not self.seed_options:
             object.__setattr__(self, "seed_options", seed_task_options(self.study))
+        if not self.driver_versions:
+            object.__setattr__(self, "driver_versions", node_versions())
+        if self.driver_node is None:
+            object.__setattr__(self, "driver_node", _this_node())
+
+
+def _this_node() -> str | None:
+    """The Ray node this process runs on (None before Ray starts)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: str) -> dict:
@@ -351,6 +368,9 @@ def study_trainable(config: dict[str, Any], payload: StudyPayload) -> None:
     study = payload.study
     trial_id = tune.get_context().get_trial_id()
     node = ray.get_runtime_context().get_node_id()
+    if node != payload.driver_node:  # a node that joined after the start: checked once
+        study_dir = open_storage(payload.trials_dir).parent
+        check_this_node(study_dir.uri, STATE_FILE, payload.driver_versions, node)
     hp, child = open_trial(payload, config, trial_id, node)
     try:
         if len(study.search.seeds) == 1:
