@@ -88,8 +88,10 @@ gpu-check:
 	PYTHONUNBUFFERED=1 $$py bench/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The full dry run of gpu-check on the CPU (every step with small data and small models, gloo;
-# minutes on 2 cores). `make test` runs the steps that need no Ray cluster on less data (--tiny,
-# tests/test_gpu_check.py).
+# minutes on 2 cores): the GPU-only checks (host syncs, speed against plain PyTorch, device vs
+# CPU logits, deterministic resume, compiled path) run on the CPU under the same rules; the DDP
+# rows are never green here. `make test` runs the steps that need no Ray cluster on less data
+# (--tiny, tests/test_gpu_check.py) and shows each rule turn red (tests/test_gpu_check_*.py).
 gpu-check-dry: $(STAMP)
 	PYTHONUNBUFFERED=1 $(BIN)/python bench/gpu_check.py --cpu --small --precision fp32
 

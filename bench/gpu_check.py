@@ -15,7 +15,7 @@ Steps (each timed; any failure makes the exit status 1; a step the hardware cann
 6. a study trial in worker mode with ``max_failures: 1`` whose Train worker is SIGKILLed right
    after its first checkpoint: the restarted worker finishes, every epoch once in the trial's
    history and once in its MLflow run;
-7. 2 Ray Train workers on 2 GPUs (DDP over nccl; skipped with one GPU), ``max_failures: 1``: one
+7. 2 Ray Train workers on 2 GPUs (DDP over nccl; not shown with one GPU), ``max_failures: 1``: one
    rank is SIGKILLed at the end of epoch 2, the group resumes from epoch 1's checkpoint, both
    ranks in ``workers.json`` of the resumed attempt;
 8. 4 trials packed on one GPU (``{GPU: 0.25}``, 4 at once): all finish, at least two overlap
@@ -30,6 +30,27 @@ Steps (each timed; any failure makes the exit status 1; a step the hardware cann
     ``off`` here, ``auto`` must not compile — change `calibtune.losses.wants_compile` and say
     why. Not yet measured: no GPU has run this step (bench/README.md records what has).
 
+11. one epoch with every host sync of its training pass counted (``set_sync_debug_mode``
+    ``warn``; on the CPU, the reads that would sync): red past 3 (a sync per step);
+12. the trial's training throughput against a plain-PyTorch loop on the same model, batch,
+    precision, memory format and resident data, in this process: red below 0.85× (goal
+    0.95×), or when the whole epoch (``epoch_samples_per_s``) takes more than 1.35× its
+    training pass;
+13. one checkpoint: fp32 logits on the GPU against the CPU's, bf16 inference's ECE and NLL
+    against fp32's (bounds in bench/_gpu_verdicts.py);
+14. ``train.deterministic: true``: 3 epochs against 2 + 1 resumed, identical history;
+15. ``loss.compile: on`` really compiled: dynamo frames, no graph break, no eager fallback,
+    ``suppress_errors`` off, recompiles under dynamo's limit;
+16. what ships: the paper studies' settings (fp32, 1 Train worker, ``checkpoint_every: 10``,
+    ResNet-110 and WRN-26-10), fp16, ``sync_batchnorm`` on 2 GPUs, AdaFocal ``update_every: 2``.
+
+Steps 11-15 run in this process (local-mode trials) and hand their numbers to the pure rules of
+bench/_gpu_verdicts.py (tests/test_gpu_check_verdicts.py, tests/test_gpu_check_steps.py feed
+them a slow loop, a sync per step, disagreeing logits, an eager fallback, one GPU). With one
+GPU the DDP rows (7, ``sync_batchnorm``) say ``not shown (1 GPU)``, never ok, and the closing
+summary line says the DDP path is unproven; the packed step (8) also bounds every process's
+NVML memory by its share and their sum by the device.
+
 ``--bench`` then runs bench/bench_gpu.py (issue 21's GPU benchmark) on the same device.
 Without CUDA it says so and exits 0. ``--cpu --small`` runs the same steps on the CPU with small
 data and small models (gloo instead of nccl, ``{CPU: 0.25}`` packing, ``auto`` against ``off``
@@ -41,6 +62,7 @@ code runs, on less data. Each command runs as ``python -m calibtune`` of this ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
@@ -56,6 +78,9 @@ import numpy as np
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import _gpu_steps as S  # noqa: E402
+import _gpu_verdicts as V  # noqa: E402
 
 
 def write_cifar10(root: Path, n_train: int, n_test: int, seed: int = 0) -> None:
@@ -118,6 +143,10 @@ class Skip(Exception):
     """A step this machine cannot hold (e.g. 2 GPUs on a machine with one): a ``skipped`` row."""
 
 
+class NotShown(Exception):
+    """A claim this machine cannot show (DDP on one GPU): a ``not shown (why)`` row, never ok."""
+
+
 class Check:
     """Runs the steps, keeps (step, result, seconds), prints the table."""
 
@@ -130,6 +159,8 @@ class Check:
             result = f"ok ({fn()})"
         except Skip as why:
             result = f"skipped: {why}"
+        except NotShown as why:
+            result = V.Verdict(None, str(why)).row()
         except Exception as exc:  # a failed step is a row, the next steps still run
             result = f"FAILED: {' '.join(str(exc).split())[:300]}"
         self.rows.append((name, result, time.perf_counter() - t0))
@@ -288,8 +319,8 @@ def ddp_two_workers(c: Check, args: argparse.Namespace, data: Path) -> str:
     once, both ranks in the resumed attempt's ``workers.json``."""
     import torch
 
-    if not args.cpu and torch.cuda.device_count() < 2:
-        raise Skip(f"needs 2 GPUs, {torch.cuda.device_count()} visible")
+    if (hidden := V.ddp(0 if args.cpu else torch.cuda.device_count(), args.cpu)) is not None:
+        raise NotShown(hidden.text)
     over = {"model__name": "small_cnn", "data__ood": [], "train__loader_workers": 0,
             "scaling__num_workers": 2, "scaling__max_failures": 1}  # fmt: skip
     path = _write(c.work / "ddp2.yaml", trial_config(args, data, "ddp2", **over))
@@ -337,7 +368,9 @@ def packed_trials(c: Check, args: argparse.Namespace, data: Path) -> str:
     raw["trial"]["model"]["name"] = "small_cnn"
     raw["trial"]["data"]["ood"] = []
     _write(path, raw)
-    c.calibtune("run", str(path), "--quiet")
+    nvml = contextlib.nullcontext() if args.cpu else S.NvmlPeaks(0)
+    with nvml:
+        c.calibtune("run", str(path), "--quiet")
     client = MlflowClient(raw["tracking"]["uri"])
     exp = client.get_experiment_by_name("gpu_packed")
     runs = [
@@ -355,14 +388,17 @@ def packed_trials(c: Check, args: argparse.Namespace, data: Path) -> str:
         return out + "; memory cap: CUDA only"
     import torch
 
-    total = torch.cuda.get_device_properties(0).total_memory / 2**30
-    peak = max(float(r.data.metrics.get("gpu_mem_gib", float("inf"))) for r in done)
-    if peak > total / 4:
-        raise RuntimeError(f"a packed trial peaked at {peak:.2f} GiB of {total:.0f} GiB")
+    total = torch.cuda.get_device_properties(0).total_memory
+    reserved = [
+        float(r.data.metrics["gpu_mem_reserved_gib"]) * 2**30
+        for r in done
+        if "gpu_mem_reserved_gib" in r.data.metrics
+    ]
+    mem = S.require(V.memory(nvml.peak, nvml.sum_peak, total, 0.25, reserved))
     capped = _capped_allocation()
     if capped != "refused":
         raise RuntimeError(f"a third of the GPU past a 0.25 share: expected refused, got {capped}")
-    return out + f", peak {peak:.2f} GiB each; past the 0.25 cap: refused"
+    return out + f"; {mem}; past the 0.25 cap: refused"
 
 
 def resume_elsewhere(c: Check, args: argparse.Namespace, data: Path) -> str:
@@ -412,6 +448,80 @@ def compile_on_off(c: Check, args: argparse.Namespace, data: Path) -> str:
     return f"on {on:.1f} s, off {off:.1f} s (2 epochs, compile included): {verdict}"
 
 
+def _quick(args: argparse.Namespace, data: Path, name: str, **over: object) -> dict:
+    """A trial config for the in-process steps: no OOD sets, no post-hoc fits."""
+    return trial_config(args, data, name, data__ood=[], eval__posthoc=[], **over)
+
+
+def _device(args: argparse.Namespace) -> object:
+    import torch
+
+    return torch.device("cpu") if args.cpu else torch.device("cuda", 0)
+
+
+def _inproc(c: Check) -> Path:
+    return c.work / "inproc"
+
+
+def sync_epoch(c: Check, args: argparse.Namespace, data: Path) -> str:
+    cfg = _quick(args, data, "syncs", train__batch_size=32 if args.small else 128)
+    return S.sync_step(cfg, _inproc(c), _device(args))
+
+
+def speed_vs_plain(c: Check, args: argparse.Namespace, data: Path) -> str:
+    return S.speed_step(_quick(args, data, "speed"), _inproc(c), _device(args), dry=args.cpu)
+
+
+def numbers(c: Check, args: argparse.Namespace, data: Path) -> str:
+    return S.numbers_step(_quick(args, data, "numbers", train__epochs=1), _inproc(c), _device(args))
+
+
+def deterministic_resume(c: Check, args: argparse.Namespace, data: Path) -> str:
+    return S.resume_step(_quick(args, data, "determinism"), _inproc(c))
+
+
+def compiled_path(c: Check, args: argparse.Namespace, data: Path) -> str:
+    cfg = _quick(args, data, "compiled", loss__name="adafocal", loss__params={})
+    return S.compile_step(cfg, _inproc(c))
+
+
+def paper_settings(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """The shipped paper studies' settings: fp32, one Train worker, ``checkpoint_every: 10``,
+    ResNet-110 and WRN-26-10 (small_cnn stand-ins with ``--small``)."""
+    models = ("small_cnn",) if args.small else ("resnet110", "wide_resnet26_10")
+    out = []
+    for model in models:
+        out.append(run_trial(c, args, data, f"paper_{model}", model__name=model, data__ood=[],
+                             train__precision="fp32", train__checkpoint_every=10,
+                             scaling__num_workers=1))  # fmt: skip
+    return f"{', '.join(models)}: " + "; ".join(out)
+
+
+def fp16_trial(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """fp16 (autocast and GradScaler); one epoch on the CPU, whose fp16 kernels are slow."""
+    epochs = 1 if args.cpu else 2
+    return run_trial(c, args, data, "fp16", train__precision="fp16", train__epochs=epochs,
+                     data__ood=[])  # fmt: skip
+
+
+def sync_batchnorm(c: Check, args: argparse.Namespace, data: Path) -> str:
+    """``scaling.sync_batchnorm`` with 2 Train workers on 2 GPUs (CUDA only: torch's
+    SyncBatchNorm; one GPU shows nothing of it)."""
+    import torch
+
+    if args.cpu:
+        raise NotShown("CUDA only")
+    if (hidden := V.ddp(torch.cuda.device_count())) is not None:
+        raise NotShown(hidden.text)
+    return run_trial(c, args, data, "syncbn", data__ood=[], scaling__num_workers=2,
+                     scaling__sync_batchnorm=True)  # fmt: skip
+
+
+def adafocal_every(c: Check, args: argparse.Namespace, data: Path) -> str:
+    return run_trial(c, args, data, "adafocal_every", data__ood=[], loss__name="adafocal",
+                     loss__params={"update_every": 2})  # fmt: skip
+
+
 def cuda_tests(c: Check) -> str:
     proc = subprocess.run(
         # compiled parity for one loss per kernel family: all 18 would be 18 CUDA compilations
@@ -424,7 +534,17 @@ def cuda_tests(c: Check) -> str:
     last = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
     if proc.returncode != 0 or " passed" not in last:
         raise RuntimeError(last)
-    return last
+    # the float32 head, checkpoints across devices and the memory share, whole files
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs",
+         "tests/test_precision_head.py", "tests/test_checkpoint_devices.py",
+         "tests/test_gpu_share.py"],
+        cwd=ROOT, env=c.env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    more = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr[-200:]
+    if proc.returncode != 0 or " passed" not in more:
+        raise RuntimeError(more)
+    return f"{last}; {more}"
 
 
 #: ``--steps`` key -> (table row, step); in this order
@@ -440,7 +560,19 @@ STEPS: dict[str, tuple[str, Callable[[Check, argparse.Namespace, Path], str]]] =
     "packed": ("4 trials packed on one GPU", packed_trials),
     "resume": ("GPU checkpoint resumes elsewhere", resume_elsewhere),
     "compile": ("loss.compile on vs off", compile_on_off),
+    "sync": ("one epoch, host syncs counted", sync_epoch),
+    "speed": ("training speed vs plain PyTorch", speed_vs_plain),
+    "numbers": ("one checkpoint: device vs CPU logits, bf16 vs fp32", numbers),
+    "determinism": ("3 epochs vs 2 + 1 resumed, deterministic", deterministic_resume),
+    "compiled": ("loss.compile on: compiled, no eager fallback", compiled_path),
+    "paper": ("paper settings: fp32, 1 worker, checkpoint_every 10", paper_settings),
+    "fp16": ("trial, fp16", fp16_trial),
+    "syncbn": ("sync_batchnorm, 2 Train workers", sync_batchnorm),
+    "adafocal": ("AdaFocal, update_every 2", adafocal_every),
 }
+
+#: the rows that show the DDP path: all ok, or the summary says it is unproven
+DDP_TITLES = (STEPS["ddp2"][0], STEPS["syncbn"][0])
 
 
 def _steps(value: str) -> list[str]:
@@ -490,9 +622,11 @@ def main(argv: list[str] | None = None) -> int:
         for key in args.steps:
             title, fn = STEPS[key]
             c.step(title, lambda fn=fn: fn(c, args, data))
+    summary = V.summary(c.rows, DDP_TITLES, dry=args.cpu)
     print(c.table())
+    print(summary)
     if args.out:
-        args.out.write_text(c.table() + "\n")
+        args.out.write_text(c.table() + "\n\n" + summary + "\n")
     if args.bench:
         flags = [f for f, on in (("--cpu", args.cpu), ("--small", args.small)) if on]  # no --tiny
         subprocess.run([sys.executable, str(ROOT / "bench" / "bench_gpu.py"), *flags], env=env)

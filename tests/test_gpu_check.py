@@ -42,7 +42,8 @@ def test_the_steps_without_ray_run_green_on_the_cpu_with_tiny_data(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    rows = out.read_text().splitlines()[2:]
+    lines = out.read_text().splitlines()
+    rows = [r for r in lines if r.startswith("| ") and not r.startswith("| step |")]
     steps = [r.split(" | ")[0].lstrip("| ") for r in rows]
     assert steps == [
         "write CIFAR-10 and SVHN",
@@ -52,6 +53,10 @@ def test_the_steps_without_ray_run_green_on_the_cpu_with_tiny_data(tmp_path):
     ]
     assert all(" | ok (" in r for r in rows), rows
     assert "epochs 1-2 on the CPU, 3 on the CPU" in rows[2]
+    assert lines[-1] == (
+        "gpu-check: 4 ok, 0 FAILED, 0 not shown; "
+        "the DDP path is unproven (a CPU dry run: gloo, not nccl)"
+    )
 
 
 def test_every_step_is_selectable_and_runs_in_the_documented_order():
@@ -64,19 +69,40 @@ def test_every_step_is_selectable_and_runs_in_the_documented_order():
         "4 trials packed on one GPU",
         "GPU checkpoint resumes elsewhere",
         "loss.compile on vs off",
+        "one epoch, host syncs counted",
+        "training speed vs plain PyTorch",
+        "one checkpoint: device vs CPU logits, bf16 vs fp32",
+        "3 epochs vs 2 + 1 resumed, deterministic",
+        "loss.compile on: compiled, no eager fallback",
+        "paper settings: fp32, 1 worker, checkpoint_every 10",
+        "trial, fp16",
+        "sync_batchnorm, 2 Train workers",
+        "AdaFocal, update_every 2",
     ]
+    assert gpu_check.DDP_TITLES == (
+        "2 Train workers, one killed, resumed",
+        "sync_batchnorm, 2 Train workers",
+    )
     assert gpu_check._steps("compile,local") == ["local", "compile"]
     with pytest.raises(argparse.ArgumentTypeError, match=r"^expected 'all' or steps among local"):
         gpu_check._steps("local,nccl")
 
 
-def test_a_step_the_machine_cannot_hold_is_a_skipped_row_not_a_failure(tmp_path, monkeypatch):
-    """One GPU: the 2-worker step is skipped before anything starts; the table says why."""
+def test_on_one_gpu_the_ddp_rows_are_not_shown_and_the_summary_says_the_path_is_unproven(
+    tmp_path, monkeypatch
+):
+    """One GPU: the DDP steps (2 workers killed and resumed, sync_batchnorm) start nothing and
+    say ``not shown (1 GPU)``: never a green row; the summary says the DDP path is unproven."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     args = argparse.Namespace(cpu=False, small=True, tiny=True, precision="bf16")
     c = gpu_check.Check(tmp_path, {})
-    c.step(
-        "2 Train workers, one killed, resumed", lambda: gpu_check.ddp_two_workers(c, args, tmp_path)
+    c.step("trial, local mode", lambda: "a stand-in green row")
+    for key in ("ddp2", "syncbn"):
+        title, fn = gpu_check.STEPS[key]
+        c.step(title, lambda fn=fn: fn(c, args, tmp_path))
+    assert [r for _, r, _ in c.rows[1:]] == ["not shown (1 GPU)", "not shown (1 GPU)"]
+    assert not c.failed
+    assert gpu_check.V.summary(c.rows, gpu_check.DDP_TITLES) == (
+        "gpu-check: 1 ok, 0 FAILED, 2 not shown; the DDP path is unproven (needs 2 GPUs)"
     )
-    assert c.rows[0][1] == "skipped: needs 2 GPUs, 1 visible" and not c.failed
     assert not list(tmp_path.iterdir())  # nothing written, nothing run
