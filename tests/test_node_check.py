@@ -64,3 +64,24 @@ def test_the_probe_task_opens_the_string_trials_get(tmp_path, monkeypatch):
     assert (tmp_path / f"tok.{'n' * 40}").read_text() == "tok"
     why = _probe._probe_node("s3:/not-a-uri", "tok")
     assert why.startswith("could not open s3:/not-a-uri: ")
+
+
+def test_a_node_whose_python_lacks_a_package_is_told_which_interpreter_and_how_to_fix():
+    """The probe runs on the node by value (a node whose Python cannot import calibtune still
+    answers) and reports its interpreter and the imports that fail there."""
+    import cloudpickle
+
+    probe = N._probe_function()
+    assert b"calibtune.study" not in cloudpickle.dumps(probe)  # sent by value, not by module
+    here = probe(("ray", "calibtune_no_such_package"))
+    assert here["versions"]["calibtune_no_such_package"] == "absent" and here["python"]
+    assert here["missing"] == ["ModuleNotFoundError: No module named 'calibtune_no_such_package'"]
+    driver = {"ray": here["versions"]["ray"], "optuna": "5.0.0"}
+    node = {**here, "versions": {"ray": here["versions"]["ray"], "optuna": "absent"}}
+    line = N.version_mismatch(driver, {"n1 (10.0.0.2)": node})
+    assert "\n" not in line
+    assert line.startswith(
+        f"node n1 (10.0.0.2): expected the driver's optuna 5.0.0, found optuna absent for "
+        f"{here['python']} there"
+    )
+    assert "activate the venv before `ray start`" in line

@@ -36,6 +36,7 @@ import os
 import posixpath
 import re
 import urllib.parse
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,25 +238,74 @@ class Storage:
     # ------------------------------------------------------------------ checks
 
     def check_reachable(self, key: str) -> None:
-        """For an object store: its bucket (the path's first part) answers and exists; one line
-        naming ``key`` otherwise. The local disk is checked by `calibtune.study._preflight`."""
+        """For an object store: calibtune can put, list and delete under this prefix (what a
+        study does; a ``HeadBucket`` alone is refused under prefix-scoped IAM policies that
+        allow all of that); one line naming ``key`` otherwise, saying when the bucket does not
+        exist. For S3 without a configured region or endpoint, the bucket's region is resolved
+        first (`resolve_region`). The local disk is checked by `calibtune.study._preflight`."""
         if self.is_local:
             return
-        from pyarrow.fs import FileType
-
-        bucket = self.path.split("/", 1)[0]
+        where = self
+        if self.scheme in ("s3", "s3a") and resolve_region(self.path.split("/", 1)[0]):
+            where = open_storage(self.uri, key)  # a client in the bucket's region
+        probe = where / f".calibtune-reach-{uuid.uuid4().hex[:12]}"
         try:
-            kind = self.fs.get_file_info(bucket).type
+            probe.write_text("")
+            where.listdir()
+            probe.delete()
+            return
         except OSError as exc:
             why = " ".join(str(exc).split())[:160]
-            raise StorageError(
-                f"{key}: expected a reachable store at {self.uri}, got {why}"
-            ) from None
+        bucket = self.path.split("/", 1)[0]
+        from pyarrow.fs import FileType
+
+        denied = any(w in why.upper() for w in ("ACCESS_DENIED", "ACCESSDENIED", "FORBIDDEN"))
+        try:
+            kind = where.fs.get_file_info(bucket).type
+        except OSError:
+            if denied:  # it answered: this prefix is not the caller's
+                kind = FileType.Unknown
+            else:
+                raise StorageError(
+                    f"{key}: expected a reachable store at {self.uri}, got {why}"
+                ) from None
         if kind == FileType.NotFound:
             raise StorageError(
                 f"{key}: expected an existing bucket {bucket!r} at {self.uri}, found none; "
                 "create it first"
             )
+        raise StorageError(
+            f"{key}: expected a store calibtune can write, list and delete in at {self.uri}, "
+            f"got {why}"
+        ) from None
+
+
+#: buckets whose region `resolve_region` looked up (bucket -> region, or None: not found)
+_REGIONS: dict[str, str | None] = {}
+
+
+def resolve_region(bucket: str) -> str | None:
+    """The AWS region of ``bucket`` when neither ``AWS_REGION``/``AWS_DEFAULT_REGION`` nor an
+    endpoint is set (pyarrow would use us-east-1 and fail on a bucket elsewhere): looked up once
+    (``pyarrow.fs.resolve_s3_region``) and put in ``AWS_REGION``, which this process's clients,
+    a local Ray's workers and `calibtune submit` (an allow-listed name) pass on; None when a
+    region is configured already or the lookup fails (the client's own error says why later)."""
+    env = os.environ
+    if any(env.get(k) for k in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL_S3")):
+        return None
+    if env.get("AWS_ENDPOINT_URL"):
+        return None
+    if bucket not in _REGIONS:
+        from pyarrow.fs import resolve_s3_region
+
+        try:
+            _REGIONS[bucket] = resolve_s3_region(bucket)
+        except (OSError, ValueError):
+            _REGIONS[bucket] = None
+    region = _REGIONS[bucket]
+    if region:
+        env["AWS_REGION"] = region
+    return region
 
 
 #: what Ray Tune copies from the driver's environment into every trial actor's ``runtime_env``

@@ -56,11 +56,44 @@ def node_versions() -> dict[str, str]:
     return out
 
 
-def _report() -> dict[str, Any]:
-    """What a node's probe returns: its versions and whether torch sees CUDA there."""
-    import torch
+#: the probe a node runs, defined outside any importable module so that Ray sends it by value:
+#: a node whose Python cannot import calibtune (a venv not activated before ``ray start``) still
+#: answers with what it lacks, instead of failing on the unpickling of a calibtune function
+_PROBE_SOURCE = """
+def probe(packages):
+    import importlib, sys
+    from importlib import metadata
+    versions, missing = {}, []
+    for name in packages:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    for name in packages:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            missing.append(f"{type(exc).__name__}: {exc}")
+    try:
+        import torch
+        cuda = bool(torch.cuda.is_available())
+    except Exception:
+        cuda = None
+    return {"versions": versions, "cuda": cuda, "python": sys.executable, "missing": missing}
+"""
 
-    return {"versions": node_versions(), "cuda": bool(torch.cuda.is_available())}
+
+def _probe_function() -> Any:
+    """`_PROBE_SOURCE`'s ``probe`` (module ``calibtune_node_probe``, which no node imports)."""
+    namespace: dict[str, Any] = {"__name__": "calibtune_node_probe"}
+    exec(compile(_PROBE_SOURCE, "<calibtune node probe>", "exec"), namespace)
+    return namespace["probe"]
+
+
+def _report() -> dict[str, Any]:
+    """What a node's probe returns: its versions, whether torch sees CUDA there, its Python and
+    the imports of `PACKAGES` that fail there."""
+    return _probe_function()(PACKAGES)
 
 
 def version_mismatch(
@@ -85,10 +118,26 @@ def version_mismatch(
             cuda = {True: " (CUDA seen there)", False: " (CUDA not seen there)"}.get(
                 nodes[name].get("cuda"), ""
             )
+            python = nodes[name].get("python")
+            if python and any(have.get(p) == "absent" for p in diff):
+                return (
+                    f"node {name}: expected the driver's {want}, found {found} for {python} "
+                    f"there{cuda}; start that node's Ray from the environment that has them "
+                    "(activate the venv before `ray start`), or give the job one "
+                    "(--runtime-env with pip and constraints.txt, or one image)"
+                )
             return (
                 f"node {name}: expected the driver's {want}, found {found}{cuda}; "
                 "install one set of versions on every node (--runtime-env with pip and "
                 "constraints.txt, or one image)"
+            )
+    for name in sorted(nodes):
+        if missing := nodes[name].get("missing"):
+            return (
+                f"node {name}: expected {nodes[name].get('python', 'its Python')} to import "
+                f"calibtune's packages, got {missing[0]}; start that node's Ray from the "
+                "environment that has them (activate the venv before `ray start`), or give the "
+                "job one (--runtime-env, one image)"
             )
     return None
 
@@ -103,7 +152,7 @@ def check_node_versions() -> None:
     others = [n for n in ray.nodes() if n["Alive"] and n["NodeID"] != here]
     if not others:
         return
-    probe = ray.remote(num_cpus=0, max_retries=0)(_report)
+    probe = ray.remote(num_cpus=0, max_retries=0)(_probe_function())
     refs = {
         f"{n['NodeID'][:12]} ({n['NodeManagerAddress']})": probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
@@ -118,7 +167,14 @@ def check_node_versions() -> None:
                 f"node {name}: expected an answer to the version probe within "
                 f"{_PROBE_TIMEOUT_S:.0f} s, got none (is its runtime_env still installing?)"
             )
-        reports[name] = ray.get(ref)
+        try:
+            reports[name] = ray.get(ref)
+        except Exception as exc:  # the task could not run there: say so in one line
+            why = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            raise ValueError(
+                f"node {name}: expected the version probe to run, got {why}; check that "
+                "node's Python environment (activate the venv before `ray start`)"
+            ) from None
     if (line := version_mismatch(node_versions(), reports)) is not None:
         raise ValueError(line)
 
