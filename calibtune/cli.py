@@ -197,7 +197,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"calibtune train: trial failed: {e}", file=sys.stderr)
         return 1
     print(format_metrics_table(result.metrics, args.all_metrics))
-    print(f"\n{result.epochs_completed} epochs; artifacts in {result.artifacts_dir}")
+    where = (result.trial_dir / "artifacts").uri
+    print(f"\n{result.epochs_completed} epochs; artifacts in {where}")
     return 0
 
 

@@ -10,7 +10,10 @@ from calibtune._lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(["Storage", "StorageError", "open_storage"], "._storage"),
-    **dict.fromkeys(["StorageLockedError", "hold_lock", "lease_s"], "._lock"),
+    **dict.fromkeys(
+        ["StorageLockLostError", "StorageLockedError", "hold_lock", "lease_note", "lease_s"],
+        "._lock",
+    ),
     **dict.fromkeys(["StorageNotSharedError", "check_nodes_see"], "._probe"),
     **dict.fromkeys(["atomic_filesystem", "forget_full", "full_paths", "note_full"], "._local"),
 }

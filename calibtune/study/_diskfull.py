@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ _ENOSPC = re.compile(
     r"No space left on device|\[errno 28\]|database or disk is full|Disk quota exceeded", re.I
 )
 _STOPPED: dict[str, str] = {}  # study folder -> the one line its disk-full stop printed
+_SIGNALLED: set[str] = set()  # study folders whose stop was sent to Tune
 
 
 class StorageFullError(OSError):
@@ -86,19 +88,27 @@ def full_message(storage: Path) -> str:
     )
 
 
-def request_stop(storage: Path) -> None:
-    """Stop the study the way Ctrl-C does (Tune's SIGUSR1: state kept, trials resumable), once."""
+def request_stop(storage: Path, message: str | None = None) -> None:
+    """Stop the study the way Ctrl-C does (Tune's SIGUSR1: state kept, trials resumable), once;
+    ``message``: the one line that says why (default: the disk is full). From another thread
+    (a lock's heartbeat) the line is only noted: the storage guard, on Tune's loop in the main
+    thread, sees it (`storage_full`) at its next step and sends the signal to Tune's handler."""
     key = str(storage)
-    if key in _STOPPED:
+    if key not in _STOPPED:
+        _STOPPED[key] = message or full_message(storage)
+    elif key in _SIGNALLED:
         return
-    _STOPPED[key] = full_message(storage)
-    os.kill(os.getpid(), signal.SIGUSR1)
+    on_tune_loop = threading.current_thread() is threading.main_thread()
+    if on_tune_loop and signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+        _SIGNALLED.add(key)
+        os.kill(os.getpid(), signal.SIGUSR1)
 
 
 def stop_reason(storage: Path) -> str | None:
     """The one line of a study in ``storage`` that the full disk stopped in this process (a stop
     requested, or only an ENOSPC noted), else None; read once (a later run starts afresh)."""
     line = _STOPPED.pop(str(storage), None)
+    _SIGNALLED.discard(str(storage))
     if line is None and storage_full(storage):
         line = full_message(storage)
     forget_full(storage)

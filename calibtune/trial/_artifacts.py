@@ -27,7 +27,7 @@ from calibtune.trial._config import TrialConfig, save_config
 # Lazy: `calibtune.plots` (matplotlib: about a quarter of importing `calibtune.trial` again, by
 # `python -X importtime`) only when `eval.figures` asks for figures, not in every Ray worker.
 
-__all__ = ["jsonable", "local_stage", "scalars", "write_artifacts"]
+__all__ = ["drop_stage", "jsonable", "local_stage", "scalars", "staged_copy", "write_artifacts"]
 
 
 def jsonable(x: Any) -> Any:
@@ -63,12 +63,54 @@ def local_stage(where: str | os.PathLike[str] | Storage) -> Iterator[Path]:
         local.mkdir(parents=True, exist_ok=True)
         yield local
         return
-    local = cache_home() / "stage" / target.scheme / target.path
+    local = _stage_of(target)
     shutil.rmtree(local, ignore_errors=True)
     local.mkdir(parents=True)
     yield local
     for f in sorted(p for p in local.rglob("*") if p.is_file()):
         target.join(f.relative_to(local).as_posix()).write_bytes(f.read_bytes())
+
+
+def _stage_of(target: Storage) -> Path:
+    return cache_home() / "stage" / target.scheme / target.path
+
+
+def staged_copy(where: str | os.PathLike[str] | Storage) -> Path:
+    """A local folder holding the files of ``where``: the folder itself on a disk; for a bucket,
+    its stage folder (`local_stage`), downloaded again when this machine has none (a trial
+    reused on another node than the one that trained it)."""
+    target = open_storage(where)
+    if target.is_local:
+        return target.local_path()
+    local = _stage_of(target)
+    if local.is_dir():
+        return local
+    tmp = local.with_name(f".{local.name}.{os.getpid()}.part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _download(target, tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):  # another process made it meanwhile: that one stays
+        tmp.rename(local)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return local
+
+
+def _download(folder: Storage, local: Path) -> None:
+    for name in folder.listdir():
+        item = folder / name
+        if item.is_dir():
+            _download(item, local / name)
+        else:
+            local.mkdir(parents=True, exist_ok=True)
+            (local / name).write_bytes(item.read_bytes())
+
+
+def drop_stage(where: str | os.PathLike[str] | Storage) -> None:
+    """Remove a bucket folder's local stage (its files are in the bucket; `staged_copy` brings
+    them back when needed); a disk's folder is the files themselves and stays."""
+    target = open_storage(where)
+    if not target.is_local:
+        shutil.rmtree(_stage_of(target), ignore_errors=True)
 
 
 def write_artifacts(

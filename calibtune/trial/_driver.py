@@ -40,7 +40,7 @@ from calibtune.data import DatasetNotFoundError
 from calibtune.metrics import keys as K
 from calibtune.storage import Storage, StorageError, open_storage
 from calibtune.training import NonFiniteLossError
-from calibtune.trial._artifacts import jsonable
+from calibtune.trial._artifacts import jsonable, staged_copy
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
 from calibtune.trial._errors import TrialStepError
 from calibtune.trial._metrics import shift_sets
@@ -239,6 +239,15 @@ def _save_result(result: TrialResult) -> None:
     atomic_write(result.trial_dir / RESULT_FILE, json.dumps(jsonable(payload)))
 
 
+def _artifacts_here(trial_dir: Storage, recorded: str) -> Path:
+    """The local folder of a finished trial's artifacts on this machine: the recorded one where
+    it exists, else (a bucket's trial, finished on another node or its stage dropped) a fresh
+    local copy (`staged_copy`)."""
+    if trial_dir.is_local or Path(recorded).is_dir():
+        return Path(recorded)
+    return staged_copy(trial_dir / "artifacts")
+
+
 def finished_result(cfg: TrialConfig, trial_dir: Storage) -> TrialResult | None:
     """The saved result of this exact config in ``trial_dir``, if it finished there."""
     path = trial_dir / RESULT_FILE
@@ -256,7 +265,7 @@ def finished_result(cfg: TrialConfig, trial_dir: Storage) -> TrialResult | None:
         metrics={k: nan if v is None else v for k, v in saved["metrics"].items()},
         history=saved["history"],
         trial_dir=trial_dir,
-        artifacts_dir=Path(saved["artifacts_dir"]),
+        artifacts_dir=_artifacts_here(trial_dir, saved["artifacts_dir"]),
         epochs_completed=saved["epochs_completed"],
         resumed_from_epoch=saved["resumed_from_epoch"],
         wall_time_s=saved["wall_time_s"],

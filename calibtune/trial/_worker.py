@@ -60,7 +60,7 @@ from calibtune.training import (
     tf32_enabled,
     train_epochs,
 )
-from calibtune.trial._artifacts import scalars, write_artifacts
+from calibtune.trial._artifacts import drop_stage, scalars, write_artifacts
 from calibtune.trial._checkpoint import (
     capture_rng,
     epoch_dir,
@@ -85,6 +85,7 @@ from calibtune.trial._select import best_epoch, is_new_best, keep_local, score
 # so that `import calibtune.trial` (the `train` command, study config checks) does not load Ray.
 
 __all__ = [
+    "data_model_inputs",
     "decided_on_rank0",
     "determinism",
     "sync_norm",
@@ -250,6 +251,7 @@ def _build(cfg: TrialConfig, payload: dict[str, Any], progress: Progress) -> _Tr
             splits.input_shape,
             init=cfg.model.init,
             **cfg.model.params,
+            **data_model_inputs(splits),
         ).to(device)
     )
     loss_fn = cfg.loss.build().to(device)  # params validated with the config
@@ -292,7 +294,20 @@ def _optimizer(cfg: TrialConfig, params: Any) -> torch.optim.Optimizer:
         )
     if o.name == "adam":
         return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)
+    if o.name == "adagrad":  # Tai et al.'s Tree-LSTM recipe (SST): no momentum
+        return torch.optim.Adagrad(params, lr=o.lr, weight_decay=o.weight_decay)
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def data_model_inputs(splits: Any) -> dict[str, Any]:
+    """The network parameters a data set supplies (``splits.model_inputs()``: SST's initial
+    word vectors for ``treelstm``); ``{}`` for every other set.
+
+    >>> data_model_inputs(object())
+    {}
+    """
+    own = getattr(splits, "model_inputs", None)
+    return dict(own()) if callable(own) else {}
 
 
 def _resume(t: _Trial) -> None:
@@ -579,6 +594,7 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         bootstrap=cfg.eval.bootstrap,
     )
     final.metrics.update(selected)
+    deferred = any(getattr(cb, "defers_figures", False) for cb in t.callbacks)
     art = write_artifacts(  # the local folder of the files (a cache copy of a bucket's)
         t.trial_dir / "artifacts",
         cfg=cfg,
@@ -586,10 +602,12 @@ def _finalize(t: _Trial, cache: Any, ranks: Any) -> dict[str, Any]:
         history=t.history,
         gamma_history=list(getattr(t.loss_fn, "history", []) or []),
         logits={"val_logits": val, "val_labels": val_y, "test_logits": test, "test_labels": test_y},
-        figures=not any(getattr(cb, "defers_figures", False) for cb in t.callbacks),
+        figures=not deferred,
     )
     for cb in t.callbacks:
         cb.on_trial_end(final.metrics, art)
+    if not deferred:  # a bucket's files are uploaded and logged: no local copy left behind
+        drop_stage(t.trial_dir / "artifacts")
     return {
         "metrics": final.metrics,
         "history": t.history,
