@@ -10,6 +10,11 @@ parameters are suggested on every trial (`FLAT_SAMPLERS`): the space is fixed, t
 covers it, and the trial uses only its own loss's (`trial_dict`, `hyperparameters`: the MLflow
 run carries only those). CMA-ES leaves categorical parameters (the loss label) to its
 independent sampler, here TPE rather than Optuna's default random sampler.
+
+The persisted Optuna study of a study in a bucket that names no ``search.optuna_storage`` is
+SQLite on the driver's disk, with a consistent copy in the study folder put there each time Tune
+saves its state and at the end, and brought back by the next session on any machine
+(`push_optuna_copy`, `pull_optuna_copy`).
 """
 
 from __future__ import annotations
@@ -34,13 +39,23 @@ from calibtune.study._config import StudyConfig
 from calibtune.study._constraints import Constraint, baseline_values, violations
 
 __all__ = [
+    "OPTUNA_FILE",
     "STUDY_ID_ATTR",
     "DefineByRun",
+    "DriverSQLite",
+    "backup_sqlite",
     "bind_study",
     "conditional_grid",
+    "copied_sqlite",
     "define_by_run",
     "found_study",
+    "load_sqlite_copy",
     "make_sampler",
+    "optuna_copy_callbacks",
+    "pull_optuna_copy",
+    "push_optuna_copy",
+    "save_sqlite_copy",
+    "sqlite_url",
     "study_id_conflict",
 ]
 
@@ -413,3 +428,209 @@ def _shown_url(url: str) -> str:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:
         return url.split("@")[-1] if "@" in url else url
+
+
+# ----------------------------------------------------------------------------- a bucket's copy
+
+#: the Optuna SQLite file: in the study folder on a disk; for a study in a bucket, on the
+#: driver's disk (`calibtune.study._studydir.StudyDir.optuna_db`) with its copy of that name in
+#: the study folder
+OPTUNA_FILE = "optuna.db"
+
+_PUSHED: dict[str, tuple[int, ...]] = {}  # local SQLite file -> its signature when last copied
+
+SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def copied_sqlite(study: StudyConfig, sd: Any) -> bool:
+    """Whether the study's Optuna study is SQLite on the driver's disk with a copy in the study's
+    storage (`push_optuna_copy`, `pull_optuna_copy`): a study in a bucket (``sd``, a
+    `calibtune.study._studydir.StudyDir`) that names no ``search.optuna_storage``."""
+    return not study.search.optuna_storage and not sd.path.is_local
+
+
+class DriverSQLite(str):
+    """The SQLAlchemy URL (a ``str``) of a bucket study's Optuna SQLite on the driver's disk,
+    ``sqlite:///<cache>/…/optuna.db`` (`calibtune.study._studydir.StudyDir.optuna_db`). Tune
+    pickles it with the callbacks that record trials there; unpickled, it names that file on
+    the unpickling driver's disk, so that a `resume` on a machine whose cache folder is
+    elsewhere (another user, another ``$XDG_CACHE_HOME``) writes where `pull_optuna_copy` put
+    the copy, not under a path of the first driver's machine."""
+
+    sd: Any
+
+    def __new__(cls, sd: Any) -> DriverSQLite:
+        url = super().__new__(cls, f"sqlite:///{sd.optuna_db}")
+        url.sd = sd
+        return url
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        return DriverSQLite, (self.sd,)
+
+
+def sqlite_url(study: StudyConfig, sd: Any) -> str:
+    """The URL of the study's own Optuna SQLite (`StudyDir.optuna_db`): a `DriverSQLite` for a
+    study in a bucket (`copied_sqlite`), else ``<study folder>/optuna.db``'s."""
+    return DriverSQLite(sd) if copied_sqlite(study, sd) else f"sqlite:///{sd.optuna_db}"
+
+
+def backup_sqlite(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """A consistent copy of the SQLite database ``src`` in the new file ``dst``, taken while
+    others may write to ``src``: SQLite's online backup API (``sqlite3.Connection.backup``)
+    copies every page under one read transaction, so the copy is ``src`` as of one commit (a
+    plain file copy could catch a write half done). A hot journal left by a process that died
+    mid-write is rolled back first, as any SQLite reader does.
+
+    >>> import sqlite3, tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> with sqlite3.connect(d / "a.db") as c:
+    ...     _ = c.execute("create table t (x)"); _ = c.execute("insert into t values (1)")
+    >>> backup_sqlite(d / "a.db", d / "b.db")
+    >>> sqlite3.connect(d / "b.db").execute("select x from t").fetchall()
+    [(1,)]
+    """
+    import sqlite3
+
+    if not os.path.isfile(src):  # connecting would create an empty database
+        raise FileNotFoundError(2, "No such file", os.fspath(src))
+    # the driver's summary thread may hold the write lock: wait for its commit
+    with (
+        contextlib.closing(sqlite3.connect(src, timeout=60.0)) as s,
+        contextlib.closing(sqlite3.connect(dst)) as d,
+    ):
+        s.backup(d)
+
+
+def _signature(path: str | os.PathLike[str]) -> tuple[int, ...]:
+    """What changes whenever a transaction commits to the SQLite file ``path``: its size,
+    mtime and header's file change counter (bytes 24-27, bumped at each commit in rollback
+    mode, whatever the file system's mtime granularity), and the size and mtime of a WAL."""
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        counter = int.from_bytes(f.read(28)[24:28] or b"\0", "big")
+    try:
+        w = os.stat(f"{os.fspath(path)}-wal")
+        tail: tuple[int, ...] = (w.st_size, w.st_mtime_ns)
+    except FileNotFoundError:
+        tail = ()
+    return (st.st_size, st.st_mtime_ns, counter, *tail)
+
+
+def save_sqlite_copy(local: str | os.PathLike[str], target: Any) -> None:
+    """Put a consistent copy (`backup_sqlite`) of the SQLite file ``local`` at ``target`` (a
+    `calibtune.storage.Storage` file), replacing it atomically: the copy is taken into a temp
+    file beside ``local``, then written through the storage owner (one complete upload to a
+    bucket), so a reader of ``target`` finds the previous copy or the new one, never a part."""
+    import shutil
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(local), prefix=".copy-") as tmp:
+        snapshot = os.path.join(tmp, OPTUNA_FILE)
+        backup_sqlite(local, snapshot)
+        with open(snapshot, "rb") as src, target.open_output() as out:
+            shutil.copyfileobj(src, out)
+
+
+def load_sqlite_copy(source: Any, local: str | os.PathLike[str]) -> bool:
+    """Replace the SQLite file ``local`` by the copy at ``source`` (a `calibtune.storage.Storage`
+    file, `save_sqlite_copy`); returns whether there was one. Without one ``local`` is removed
+    (what it held is not the study's: a study folder deleted and run again). The copy is checked
+    (an SQLite database whose ``PRAGMA quick_check`` passes: `StudyDirError` otherwise, one
+    line) before it replaces ``local`` atomically; a journal or WAL left beside ``local`` is
+    removed first, as it belongs to the file replaced (SQLite would apply it to the copy)."""
+    import shutil
+    import sqlite3
+
+    from calibtune.study._studydir import StudyDirError
+
+    local = os.fspath(local)
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    for side in ("-journal", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local + side)
+    if not source.is_file():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(local)
+        return False
+    part = f"{local}.{os.getpid()}.part"
+    try:
+        with source.open_input() as src, open(part, "wb") as out:
+            shutil.copyfileobj(src, out)
+            out.flush()
+            os.fsync(out.fileno())
+        with open(part, "rb") as f:
+            ok = f.read(len(SQLITE_MAGIC)) == SQLITE_MAGIC
+        if ok:
+            try:
+                with contextlib.closing(sqlite3.connect(part)) as c:
+                    ok = c.execute("PRAGMA quick_check").fetchall() == [("ok",)]
+            except sqlite3.DatabaseError:  # "file is not a database", "malformed"
+                ok = False
+        if not ok:
+            raise StudyDirError(
+                f"{source}: expected the SQLite copy of the study's Optuna study, found another "
+                "or a damaged file; move it away and `resume` again (the Optuna record then "
+                "starts afresh; MLflow keeps every trial)"
+            )
+        os.replace(part, local)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+    _PUSHED[local] = _signature(local)  # the copy is what `source` holds already
+    return True
+
+
+def push_optuna_copy(study: StudyConfig, sd: Any) -> str | None:
+    """For a study whose Optuna SQLite is on the driver's disk (`copied_sqlite`): put its
+    consistent copy in the study folder (`save_sqlite_copy`) unless nothing was committed since
+    the last one. Called when Tune saves its experiment state (`optuna_copy_callbacks`) and at
+    a session's end. Never raises: returns a one-line warning when the copy failed (the next
+    save tries again), else None."""
+    if not copied_sqlite(study, sd):
+        return None
+    local = os.fspath(sd.optuna_db)
+    try:
+        if not os.path.isfile(local):
+            return None
+        sig = _signature(local)
+        if _PUSHED.get(local) == sig:
+            return None
+        save_sqlite_copy(local, sd.path / OPTUNA_FILE)
+    except Exception as exc:
+        return (
+            f"[calibtune] warning: the Optuna study's copy in {sd.path / OPTUNA_FILE} not "
+            f"updated ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); retried at "
+            "Tune's next save"
+        )
+    _PUSHED[local] = sig
+    return None
+
+
+def pull_optuna_copy(study: StudyConfig, sd: Any) -> None:
+    """At the start of a session (`run`, `resume`, ``--more``) of a study whose Optuna SQLite is
+    on the driver's disk (`copied_sqlite`), with the study's lock held: that file becomes the
+    copy in the study folder (`load_sqlite_copy`), on any machine. The copy, not a file this
+    disk kept, since it goes with Tune's state saved at the same moment."""
+    if copied_sqlite(study, sd):
+        load_sqlite_copy(sd.path / OPTUNA_FILE, sd.optuna_db)
+
+
+def optuna_copy_callbacks(study: StudyConfig, sd: Any) -> list[Any]:
+    """The Tune callback that puts the Optuna study's copy in the study folder each time Tune
+    saves its experiment state (with the searcher's: Tune asks every callback for its state
+    then, ``Callback.get_state``) for a study whose SQLite is on the driver's disk
+    (`copied_sqlite`); none otherwise. Built on call: importing this module does not import Ray.
+    The callback holds the study folder, not a local path: Tune pickles its callbacks, and a
+    `resume` on another machine finds the file where that machine keeps it."""
+    if not copied_sqlite(study, sd):
+        return []
+    from ray.tune import Callback
+
+    class OptunaCopy(Callback):
+        def get_state(self) -> dict | None:  # type: ignore[override]
+            warning = push_optuna_copy(study, sd)
+            if warning:
+                print(warning, flush=True)
+            return None  # nothing of its own to save
+
+    return [OptunaCopy()]

@@ -502,7 +502,6 @@ def _check_stores(
         where = check_storage(study.storage, _study_key(study, "storage"))
     else:
         where = check_storage(default_storage(), "storage (default ./runs/studies)")
-    StudyDir.at(study.name, where).check_optuna_home(study.search.optuna_storage)
     if study.search.optuna_storage and probe_optuna:
         _check_optuna_study(study, where, _study_key(study, "search.optuna_storage"))
     if tracking_uri:

@@ -33,7 +33,16 @@ from calibtune.study._extend import (
     extended_study,
     optuna_history,
 )
-from calibtune.study._optuna import conditional_grid, define_by_run, make_sampler
+from calibtune.study._optuna import (
+    bind_study,
+    conditional_grid,
+    define_by_run,
+    make_sampler,
+    optuna_copy_callbacks,
+    pull_optuna_copy,
+    push_optuna_copy,
+    sqlite_url,
+)
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
 from calibtune.study._raycluster import check_cluster, init_ray
 from calibtune.study._results import grid_ends, mark_feasibility
@@ -107,6 +116,8 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
     """Open (or reopen) the parent run in the store ``uri`` (`_tracking_uri`) and record the
     study's state atomically."""
     existing = sd.read_state() if sd.state_file.is_file() else None
+    shared = optuna_storage_url(study, sd) if study.search.optuna_storage else None
+    study_id = bind_study(study, shared, existing)  # refused if it is another folder's study
     artifacts = [Path(study.path)] if study.path else []
     artifacts += sorted({Path(c.loss.path) for c in study.losses if c.loss.path})
     with store_full_errors(uri):  # a new store's tables are made here
@@ -124,7 +135,7 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
     if existing is not None and study_path is None:
         study_path = existing.study_path
     sd.write_study(study)
-    sd.write_state(StudyState(uri, parent.experiment_id, parent.run_id, study_path))
+    sd.write_state(StudyState(uri, parent.experiment_id, parent.run_id, study_path, study_id))
     return StudyPayload(study, uri, parent.experiment_id, parent.run_id, str(sd.trials_dir))
 
 
@@ -253,6 +264,7 @@ def run_study(
         )
     _check_files(study)  # bad input stops here, before anything is written or started
     with sd.lock():
+        pull_optuna_copy(study, sd)  # a study in a bucket: its Optuna SQLite on this disk
         uri = _tracking_uri(study, sd, tracking_uri)
         with store_created_meanwhile(uri):
             init_ray(address, verbose=verbose > 0)
@@ -276,8 +288,10 @@ def check_nodes_share(sd: StudyDir, address: str | None) -> None:
 
 def _callbacks(study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> list[Any]:
     optuna_storage = optuna_storage_url(study, sd)
-    return study_callbacks(study, payload, sd.path, optuna_storage) + budget_callbacks(
-        study.search.time_budget, sd.path
+    return (
+        study_callbacks(study, payload, sd.path, optuna_storage)
+        + budget_callbacks(study.search.time_budget, sd.path)
+        + optuna_copy_callbacks(study, sd)  # its copy in a bucket at each of Tune's saves
     )
 
 
@@ -296,6 +310,7 @@ def extend_study(
     with sd.lock():
         sd.check_restorable()  # a folder Tune wrote completely: its rounds stay restorable
         base = sd.read_study()
+        pull_optuna_copy(base, sd)  # the history the new round's sampler continues
         check_extendable(base, sd, sd.read_state(), more)
         study = extended_study(base, more)
         history = optuna_history(study, optuna_storage_url(study, sd))
@@ -322,9 +337,15 @@ def resume_study(
     from ray import tune
 
     sd = StudyDir.find(path_or_name, storage)
+    if sd.never_started() and (sd.path / STUDY_COPY).is_file():  # nothing to restore (issue 41)
+        study = sd.read_study()
+        if study.name == sd.name:  # `run_study` finds the folder by the study's name
+            return run_study(study, address=address, storage=sd.root, verbose=verbose,
+                             wait_for_resources=wait_for_resources)  # fmt: skip
     with sd.lock():
         sd.check_restorable()  # before Ray unpickles anything
         study = sd.read_study()
+        pull_optuna_copy(study, sd)  # on any machine: the copy saved with Tune's state
         init_ray(address, verbose=verbose > 0)
         check_cluster(study, wait_for_resources)
         check_nodes_share(sd, address)
@@ -408,7 +429,12 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
     )
     if full is None:  # the per-trial refreshes write these at most every few seconds
         warning = warning or _final_feasibility(study, payload)
-    for line in (warning, retries_note(sd.local_scratch(), payload.tracking_uri, counts["failed"])):
+    copied = push_optuna_copy(study, sd)  # the records of the session's end, in a bucket
+    for line in (
+        warning,
+        copied,
+        retries_note(sd.local_scratch(), payload.tracking_uri, counts["failed"]),
+    ):
         if line:
             print(line, flush=True)
     with tolerate_full_store(full is not None):
@@ -483,11 +509,11 @@ def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:
 
 def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
     """The study's Optuna RDB storage: ``search.optuna_storage`` (relative SQLite paths against
-    the working directory) or SQLite ``<study folder>/optuna.db``."""
+    the working directory) or SQLite ``<study folder>/optuna.db`` (for a study in a bucket, in
+    the driver's cache, its copy in the bucket: `calibtune.study._optuna.push_optuna_copy`)."""
     if study.search.optuna_storage:
         return resolve_tracking_uri(study.search.optuna_storage)
-    sd.check_optuna_home(None)  # a study in a bucket names its own (refused otherwise)
-    return f"sqlite:///{sd.optuna_db}"
+    return sqlite_url(study, sd)  # in a bucket: the driver's file wherever Tune unpickles it
 
 
 def _counts(payload: StudyPayload, study: StudyConfig) -> dict[str, int]:

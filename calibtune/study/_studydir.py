@@ -15,8 +15,10 @@ calibtune's files is atomic (temp file, fsync, rename on a disk; one complete up
 bucket), so a crash or a full disk leaves the previous version, never a truncated one. The lock
 is an advisory ``flock`` on an open file on a disk (the kernel drops it when the driver dies, so
 a lock left by a killed driver is stale without any clean-up) and a lock object with a lease in
-a bucket (`calibtune.storage.hold_lock`). ``optuna.db`` is SQLite, which needs a POSIX disk: a
-study in a bucket names its Optuna storage (``search.optuna_storage``, an RDB URL) or is refused.
+a bucket (`calibtune.storage.hold_lock`). ``optuna.db`` is SQLite, which needs a POSIX disk:
+a study in a bucket keeps it in the driver's cache (`StudyDir.optuna_db`) and its ``optuna.db``
+is a copy (`calibtune.study._optuna.push_optuna_copy`), unless it names an RDB server
+(``search.optuna_storage``).
 """
 
 from __future__ import annotations
@@ -185,20 +187,11 @@ class StudyDir:
 
     @property
     def optuna_db(self) -> Path:
-        """The study's embedded Optuna RDB storage (SQLite, on a local disk only) unless the
-        study names another (`check_optuna_home`)."""
-        return self.path.local_path() / "optuna.db"
-
-    def check_optuna_home(self, optuna_storage: str | None) -> None:
-        """Refuse, in one line, a study in a bucket without an Optuna storage of its own:
-        SQLite (``optuna.db``) needs a POSIX disk with working locks, which a bucket is not."""
-        if self.path.is_local or optuna_storage:
-            return
-        raise StudyDirError(
-            f"search.optuna_storage: expected an RDB URL (e.g. postgresql://HOST/DB) for a "
-            f"study stored in {self.root}, found none (the default optuna.db is SQLite, which "
-            "cannot live in object storage)"
-        )
+        """The study's embedded Optuna storage (SQLite, which needs a POSIX disk with working
+        locks) unless the study names another: ``optuna.db`` in the study folder on a disk, in
+        the driver's cache folder of the study (`local_scratch`) for a study in a bucket, whose
+        ``optuna.db`` is then a copy (`calibtune.study._optuna.push_optuna_copy`)."""
+        return self.local_scratch() / "optuna.db"
 
     def local_scratch(self) -> Path:
         """A local folder for this driver's own notes about the study (e.g. retried requests):
