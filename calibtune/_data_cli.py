@@ -16,7 +16,19 @@ __all__ = ["DATA", "DATA_SETS"]
 
 #: the names ``calibtune data`` takes, as in `calibtune.data.FETCH_SETS` (a test keeps them equal;
 #: listed here so that parsing imports nothing heavy)
-DATA_SETS = ("cifar10", "cifar100", "svhn", "cifar10c", "cifar100c", "tiny_imagenet")
+DATA_SETS = (
+    "cifar10",
+    "cifar100",
+    "svhn",
+    "cifar10c",
+    "cifar100c",
+    "tiny_imagenet",
+    "sst",
+    "glove6b",
+    "20newsgroups",
+)
+#: sets the user prepares (`calibtune.data.PREPARED_SETS`): ``verify`` checks them by name only
+PREPARED_SETS = ("imagenet",)
 
 
 @dataclass(frozen=True)
@@ -34,10 +46,17 @@ class _Actions:
             p.set_defaults(data_run=c.run)
 
 
-def _names(names: list[str]) -> list[str]:
-    unknown = [n for n in names if n not in DATA_SETS]
+def _names(names: list[str], prepared: bool = False) -> list[str]:
+    known = DATA_SETS + PREPARED_SETS if prepared else DATA_SETS
+    unknown = [n for n in names if n not in known]
+    if unknown and unknown[0] in PREPARED_SETS:
+        raise UsageError(
+            f"NAME: {unknown[0]} cannot be downloaded by calibtune (its terms need an account at "
+            f"image-net.org): prepare the folder as docs/data.md says (Preparing ImageNet) and "
+            f"check it with `calibtune data verify {unknown[0]} --root DIR`"
+        )
     if unknown:
-        raise UsageError(f"NAME: expected one of {', '.join(DATA_SETS)}, got {unknown[0]!r}")
+        raise UsageError(f"NAME: expected one of {', '.join(known)}, got {unknown[0]!r}")
     return list(dict.fromkeys(names))
 
 
@@ -56,7 +75,7 @@ def _fetch(args: argparse.Namespace) -> int:
 def _verify(args: argparse.Namespace) -> int:
     from calibtune.data import verify_set
 
-    names = _names(args.names) if args.names else list(DATA_SETS)
+    names = _names(args.names, prepared=True) if args.names else list(DATA_SETS)
     bad = 0
     for name in names:
         check = verify_set(name, args.root, full=not args.quick)
@@ -99,7 +118,12 @@ DATA = Command(
                     _verify,
                     (
                         arg(
-                            "names", nargs="*", metavar="NAME", help=f"{_SETS_HELP} (default: all)"
+                            "names",
+                            nargs="*",
+                            metavar="NAME",
+                            help=f"{_SETS_HELP}, or {', '.join(PREPARED_SETS)} (a prepared "
+                            "folder: its layout and file headers; by name only) (default: every "
+                            "set above)",
                         ),
                         _ROOT,
                         arg(

@@ -159,18 +159,21 @@ def stack(dataset: torch.utils.data.Dataset) -> tuple[torch.Tensor, torch.Tensor
 
 def test_registry_lists_every_dataset() -> None:
     assert list_datasets() == [
+        "20newsgroups",
         "cifar10",
         "cifar100",
         "digits",
+        "imagenet",
         "mnist1d",
         "mnist1d_large",
+        "sst",
         "tiny_imagenet",
     ]
     assert list_datasets() == DATASETS.names()
 
 
 def test_unknown_dataset_lists_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown dataset 'cifar9'; expected one of: cifar10, "):
+    with pytest.raises(ValueError, match=r"unknown dataset 'cifar9'; expected one of: 20newsgroups, cifar10, "):
         load_splits("cifar9")
 
 
@@ -179,8 +182,11 @@ def test_entries_declare_params() -> None:
     kinds = {e.name: e.tags & {"files", "embedded"} for e in DATASETS}
     assert all(len(k) == 1 for k in kinds.values()), kinds
     assert {n for n, k in kinds.items() if k == {"files"}} == {
+        "20newsgroups",
         "cifar10",
         "cifar100",
+        "imagenet",
+        "sst",
         "tiny_imagenet",
     }
     for entry in DATASETS:

@@ -276,6 +276,15 @@ ALLOWED = {
     "calibtune/data/_common.py::NormalizedImages.__getitems__": "DataLoader fetch (host side)",
     "calibtune/data/_embedded.py::_tensor_split": "embedded data built in host memory",
     "calibtune/data/_digest.py::array_digest": "hashes host copies of the data (lineage)",
+    "calibtune/data/_glove.py::load_glove": "reads word vectors into host memory",
+    "calibtune/data/_text.py::encode_documents": "token ids built in host memory",
+    "calibtune/data/_imagenet.py::ImageFiles.__init__": "labels and normalisation constants of "
+    "a streamed host dataset; its DataLoader's batches are copied to the device",
+    "calibtune/data/_sst.py::_embedding_table": "the host word-vector table the network copies",
+    "calibtune/data/_sst.py::load_sst_splits.split": "encoded trees in host memory; "
+    "DeviceBatches uploads",
+    "calibtune/data/_text.py::load_newsgroups_splits": "host embedding table",
+    "calibtune/data/_text.py::load_newsgroups_splits.split": "split rows of host tensors",
     "calibtune/data/_digest.py::dataset_digest": "hashes host copies of the data (lineage)",
     "calibtune/data/_ood.py::_svhn": "reads files into host memory",
     "calibtune/data/_ood.py::_corrupted": "CIFAR-10-C rows (read or generated) in host memory",

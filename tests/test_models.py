@@ -10,12 +10,21 @@ from torch import nn
 from calibtune.data import load_splits
 from calibtune.models import MODELS, build_model, count_parameters, list_models
 
-SHAPES = {"resnet50_tiny": (3, 64, 64), "cnn1d": (1, 40), "mlp": (1, 8, 8), "small_cnn": (1, 8, 8)}
+SHAPES = {
+    "resnet50_tiny": (3, 64, 64),
+    "resnet50_imagenet": (3, 224, 224),
+    "cnn1d": (1, 40),
+    "mlp": (1, 8, 8),
+    "small_cnn": (1, 8, 8),
+    "treelstm": (4, 127),
+    "global_pool_cnn": (100, 1000),
+}
 # Gradients do not depend on the image size, so backward runs on small inputs (the 32×32 nets
 # cost 1–5 GFLOPs per image, seconds each on a shared 2-core CPU); shapes on the real input are
 # checked on the meta device (no compute), and the full-size run is marked slow.
 SMALL_SHAPES = {"resnet50_tiny": (3, 16, 16), "cnn1d": (1, 40), "mlp": (1, 8, 8)}
 SMALL_SHAPES["small_cnn"] = (1, 8, 8)
+SMALL_SHAPES["global_pool_cnn"] = (8, 40)
 BIG = {"resnet50", "resnet50_tiny", "resnet110", "resnet110_bottleneck"}
 BIG |= {"wide_resnet26_10", "densenet121"}
 
@@ -59,6 +68,9 @@ def test_registry_lists_every_model() -> None:
 # resnet110_bottleneck = torchvision resnet101 (3-4-23-3; 44,549,160) + 3 layer-3 bottlenecks
 #   3 × (1024·256 + 256·256·9 + 256·1024 + 2·(256 + 256 + 1024)) = 3 × 1,117,184 = 3,351,552
 #   − 9,408 + 1,728 − 2,049,000 + 20,490 = 45,864,522
+# treelstm (defaults: vocab 100, 300-d vectors, hidden 150): embedding 100·300 = 30,000
+#   + leaf (W_c; W_o) 300·300 + 300 = 90,300 + U^l, U^r 2 × (150·600 + 600) = 181,200
+#   + fc 150·10 + 10 = 1,510                                     total 303,010
 # mlp on digits (64 → 100 → 100 → 10): 6,500 + 10,100 + 1,010 = 17,610
 # small_cnn on digits (1 channel, width 32): 288 + 64 + 18,432 + 128 + 36,864 + 128 + 650
 #   = 56,554
@@ -69,11 +81,15 @@ COUNTS = [
     ("wide_resnet26_10", 10, 36_481_434),
     ("resnet50", 10, 23_520_842),
     ("resnet50_tiny", 200, 25_138_952),
+    ("resnet50_imagenet", 1000, 25_557_032),  # torchvision resnet50, as it documents
     ("densenet121", 10, 6_956_298),
     ("resnet110_bottleneck", 10, 45_864_522),
     ("mlp", 10, 17_610),
     ("small_cnn", 10, 56_554),
     ("cnn1d", 10, 5_210),
+    ("treelstm", 10, 303_010),
+    # 3 convs 100→128→128→128 (k 5, bias), 128→128→K: 64,128 + 2·82,048 + 16,512 + 1,290
+    ("global_pool_cnn", 10, 246_026),
 ]
 
 
@@ -88,7 +104,12 @@ def test_parameter_counts(name: str, num_classes: int, expected: int) -> None:
     assert count_parameters(model) == expected
 
 
-@pytest.mark.parametrize("name", MODELS.names())
+#: networks over integer-encoded parse trees: a random float input means nothing to them (their
+#: forward, backward and batch independence: tests/test_sst_treelstm.py)
+DENSE = [n for n in MODELS.names() if "trees" not in MODELS.get(n).tags]
+
+
+@pytest.mark.parametrize("name", DENSE)
 def test_forward_shape_on_its_input(name: str) -> None:
     with torch.device("meta"):
         model = build_model(name, 7, shape_of(name))
@@ -117,7 +138,7 @@ def _forward_backward(name: str, shape: tuple[int, ...], num_classes: int = 7) -
         torch.testing.assert_close(model(x), both, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", MODELS.names())
+@pytest.mark.parametrize("name", DENSE)
 def test_forward_backward_small_input(name: str) -> None:
     _forward_backward(name, SMALL_SHAPES.get(name, (3, 8, 8)))
 
@@ -217,9 +238,12 @@ AUTHORS_INIT = {
     "densenet121": "torch_default",
     "wide_resnet26_10": "kaiming_normal_fan_out",
     "resnet50_tiny": "kaiming_normal_fan_out",
+    "resnet50_imagenet": "kaiming_normal_fan_out",  # torchvision's own init loop
     "resnet110": "kaiming_normal_fan_out",  # He et al.'s network, not in the seeds' code
     "mlp": "torch_default",
     "small_cnn": "torch_default",
+    "treelstm": "torch_default",
+    "global_pool_cnn": "torch_default",  # PyTorch port of MMCE: per-layer defaults
     "cnn1d": "torch_default",
 }
 
@@ -274,7 +298,7 @@ def test_initial_weight_statistics_match_the_authors_scheme(name: str) -> None:
     torch.manual_seed(0)
     model = build_model(name, 10, shape_of(name))
     counts = _check_init(model, AUTHORS_INIT[name])
-    assert counts["linear"] >= 1 and (name == "mlp" or counts["conv"] >= 3), counts
+    assert counts["linear"] >= 1 and (name in ("mlp", "treelstm") or counts["conv"] >= 3), counts
 
 
 def test_model_init_overrides_the_authors_scheme() -> None:

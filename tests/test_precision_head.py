@@ -8,14 +8,17 @@ that computes the head in float32 by hand from the same bf16 body features.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from calibtune.data._sst import encode_tree, parse_tree
 from calibtune.losses import build_loss
 from calibtune.models import build_model, list_models
+from calibtune.models._zoo import MODELS
 from calibtune.training import Precision, epoch_metrics, float32_head, infer_logits
 from calibtune.training import _loop as loop
 
@@ -105,8 +108,15 @@ def test_the_float32_head_changes_neither_fp32_logits_nor_the_state_dict():
 def test_every_models_last_linear_is_the_layer_that_returns_its_logits(name):
     """`float32_head` converts the last ``nn.Linear``; for every registered model that layer's
     output is the model's output (checked on the meta device: no compute)."""
-    shape = {"resnet50_tiny": (3, 64, 64), "cnn1d": (1, 40), "mlp": (1, 8, 8)}.get(name)
-    shape = shape or ((1, 8, 8) if name == "small_cnn" else (3, 32, 32))
+    shape = tuple(next(p.default for p in MODELS.get(name).params if p.name == "input_shape"))
+    if "trees" in MODELS.get(name).tags:  # index arithmetic on its input: a real CPU batch
+        x = torch.from_numpy(np.stack([encode_tree(parse_tree("(3 (2 a) (4 b))"), [2, 3])] * 2))
+        model = float32_head(build_model(name, 7, shape)).eval()
+        out = []
+        _last_linear(model).register_forward_hook(lambda m, a, o: out.append(o))
+        logits = model(x)
+        assert out and out[-1] is logits and logits.shape == (2, 7)
+        return
     with torch.device("meta"):
         model = float32_head(build_model(name, 7, shape)).eval()
         out = []

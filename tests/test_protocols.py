@@ -128,7 +128,9 @@ def check(key: str, actual: Any, expected: Any) -> None:
 
 def test_every_paper_study_has_a_card_and_every_card_a_study() -> None:
     # five papers on CIFAR-10, four OOD studies on the papers' networks, and issue 44's grid
-    assert len(PAPER_STUDIES) == 9 + len(GRID_STUDIES)
+    assert len(PAPER_STUDIES) == (
+        9 + len(GRID_STUDIES) + len(PREPARED_DATA_STUDIES) + len(TREE_STUDIES)
+    )
     assert sorted(CARD_ROWS) == PAPER_STUDIES
 
 
@@ -202,6 +204,12 @@ def test_paper_arms_train_as_their_authors_code(path: str) -> None:
     # (brier_score.py divides by the batch size); the FCL repository's losses are all .mean();
     # every one of these code bases clips the gradient norm at 2
     study = load_study(ROOT / path)
+    if Path(path).name == "mukhoti2020_sst_treelstm.yaml":
+        # the seeds' SST trainer (treeLSTM/trainer.py) divides each tree's loss by the batch
+        # size and does not clip (docs/papers.md)
+        assert study.base_config().train.grad_clip is None
+        assert {c.reduction for c in study.losses} == {"mean"}
+        return
     assert study.base_config().train.grad_clip == 2.0, path
     for c in study.losses:
         want = "mean" if c.loss.loss == "brier" or "fcl" in Path(path).name else "sum"
@@ -339,15 +347,39 @@ def test_submit_commands_pass_submits_checks_up_to_the_cluster(monkeypatch, caps
         data = study.trial["data"]
         sets = sets_read_by(data["name"], data.get("ood"), data.get("shift"))
         words = shlex.split(job["entrypoint"])
-        assert words[:2] == ["sh", "-c"] and len(words) == 3, line
-        fetch, run = (shlex.split(step) for step in words[2].split(" && "))
-        root = ["--root", "/shared/data"]
-        assert fetch == ["python", "-m", "calibtune", "data", "fetch", *sets, *root], line
-        assert run[:4] == ["python", "-m", "calibtune", "run"], line
+        if argv[1] in PREPARED_DATA_STUDIES:  # a prepared folder: nothing to fetch, no --fetch
+            assert sets == [] and "--fetch" not in argv, line
+            assert words[:4] == ["python", "-m", "calibtune", "run"], line
+        else:
+            assert words[:2] == ["sh", "-c"] and len(words) == 3, line
+            fetch, run = (shlex.split(step) for step in words[2].split(" && "))
+            root = ["--root", "/shared/data"]
+            assert fetch == ["python", "-m", "calibtune", "data", "fetch", *sets, *root], line
+            assert run[:4] == ["python", "-m", "calibtune", "run"], line
         submitted = yaml.safe_load(job["runtime_env"]["env_vars"]["CALIBTUNE_STUDY_YAML"])
         assert submitted["trial"]["data"] == {**data, "root": "/shared/data"}, line
         seen.append(argv[1])
     assert sorted(seen) == PAPER_STUDIES
+
+
+# issue 44, item 4: studies whose data set the user prepares (ImageNet cannot be downloaded): their
+# submit command has no --fetch (`tests/test_imagenet_folder.py` checks the study's protocol)
+PREPARED_DATA_STUDIES = {"studies/ghosh2022_adafocal_imagenet.yaml"}
+#: issue 44, item 3: SST Binary with the Tree-LSTM (Mukhoti App. D)
+TREE_STUDIES = {"studies/mukhoti2020_sst_treelstm.yaml"}
+
+
+def test_the_sst_study_trains_as_mukhoti_appendix_d_states() -> None:
+    base = load_study(ROOT / "studies/mukhoti2020_sst_treelstm.yaml").base_config()
+    assert (base.data.name, base.model.name, base.model.params["hidden"]) == (
+        "sst",
+        "treelstm",
+        150,
+    )
+    o = base.optimizer
+    assert (o.name, o.lr, o.weight_decay, base.schedule.name) == ("adagrad", 0.05, 1e-4, "constant")
+    assert (base.train.epochs, base.train.batch_size) == (25, 25)
+    assert (base.eval.select_epoch, base.eval.select_metric) == ("best", "val/error")
 
 
 # issue 44, item 1: the CIFAR-100 and Tiny-ImageNet rows of the papers' tables, one study per paper,
@@ -427,7 +459,11 @@ def test_ghosh_tiny_imagenet_reports_the_lowest_validation_error_epoch() -> None
     # has the lowest error on the validation set"; every other paper study reports the last epoch
     for path in PAPER_STUDIES:
         ev = load_study(ROOT / path).base_config().eval
-        if path == "studies/ghosh2022_adafocal_tiny_imagenet.yaml":
+        # Mukhoti App. D: the SST Tree-LSTM too ("the models with the best validation accuracy")
+        if path in (
+            "studies/ghosh2022_adafocal_tiny_imagenet.yaml",
+            "studies/mukhoti2020_sst_treelstm.yaml",
+        ):
             assert (ev.select_epoch, ev.select_metric) == ("best", "val/error")
         else:
             assert ev.select_epoch == "last", path

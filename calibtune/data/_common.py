@@ -285,3 +285,16 @@ class BatchAugment:
             mirror = torch.rand(b, device=x.device) < 0.5
             out = torch.where(mirror.view(b, *([1] * (x.ndim - 1))), out.flip(-1), out)
         return out
+
+
+@dataclass(frozen=True)
+class SetCheck:
+    """Outcome of `verify_set`: ``status`` is ``ok``, ``missing``, ``failed`` or
+    ``unverified`` (files present, but no stamp and no published per-file checksum)."""
+
+    name: str
+    status: str
+    detail: str
+
+    def line(self) -> str:
+        return f"{self.name}: {self.status}: {self.detail}"

@@ -18,9 +18,19 @@ from ._embedded import (
     load_mnist1d_large_splits,
     load_mnist1d_splits,
 )
+from ._imagenet import IMAGENET_MEAN, IMAGENET_STD, load_imagenet_splits
+from ._sst import MAX_NODES, load_sst_splits
+from ._text import load_newsgroups_splits
 from ._tiny_imagenet import TINY_MEAN, TINY_STD, load_tiny_imagenet_splits
 
-__all__ = ["DATASETS", "dataset_shape", "dataset_stats", "list_datasets", "load_splits"]
+__all__ = [
+    "DATASETS",
+    "dataset_shape",
+    "dataset_stats",
+    "dataset_streams",
+    "list_datasets",
+    "load_splits",
+]
 
 DATASETS: Registry[Splits] = Registry("dataset")
 
@@ -53,6 +63,10 @@ class _Dataset:
     stats: Callable[[], tuple[tuple[float, ...], tuple[float, ...]]]
     files: bool
     summary: str
+    # decoded per sample in the trial's loader workers (never held in memory)
+    streamed: bool = False
+    # what the inputs are when not dense tensors: ("trees",) for encoded parse trees (SST)
+    inputs: tuple[str, ...] = ()
 
 
 def _cifar_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -81,6 +95,15 @@ _TABLE: dict[str, _Dataset] = {
         True,
         "Tiny-ImageNet (tiny-imagenet-200 folder): 90,000/10,000/10,000, 64×64×3, 200 classes",
     ),
+    "imagenet": _Dataset(
+        load_imagenet_splits,
+        (3, 224, 224),
+        lambda: (IMAGENET_MEAN, IMAGENET_STD),
+        True,
+        "ImageNet ILSVRC-2012 (a prepared train/ and val/ class-folder tree, streamed): "
+        "1,281,167 / the 50,000 val images split by val_fraction, 224×224×3, 1000 classes",
+        streamed=True,
+    ),
     "digits": _Dataset(
         load_digits_splits,
         (1, 8, 8),
@@ -104,6 +127,24 @@ _TABLE: dict[str, _Dataset] = {
         "MNIST-1D generated at 6× the size (embedded): 18,000/2,000/10,000 (val_fraction "
         "0.25: 15,000/5,000/10,000), 1×40 signals, 10 classes",
     ),
+    "sst": _Dataset(
+        load_sst_splits,
+        (4, MAX_NODES),
+        lambda: ((0.0,), (1.0,)),  # integer-encoded trees: nothing to normalise
+        True,
+        "SST Binary (official PTB trees, neutral roots dropped): 6,920/872/1,821 sentences "
+        "as (4, 127) encoded binary trees with GloVe 6B 300-d vectors, 2 classes",
+        inputs=("trees",),
+    ),
+    "20newsgroups": _Dataset(
+        load_newsgroups_splits,
+        (100, 1000),
+        lambda: ((0.0,), (1.0,)),  # token ids embedded with frozen GloVe: nothing to normalise
+        True,
+        "20 Newsgroups (original 20news-19997 collection, MMCE's pipeline): 15,098/900/3,999 "
+        "(val_fraction 0.05626) documents as ≤1,000 GloVe 6B 100-d vectors, 20 classes",
+        inputs=("text",),
+    ),
 }
 for _name, _d in _TABLE.items():
     DATASETS.add(
@@ -111,7 +152,9 @@ for _name, _d in _TABLE.items():
         _d.load,
         params=[_ROOT, _SEED, _VAL] if _d.files else [_SEED, _VAL],
         summary=_d.summary,
-        tags=("files",) if _d.files else ("embedded",),
+        tags=(("files",) if _d.files else ("embedded",))
+        + (("streamed",) if _d.streamed else ())
+        + _d.inputs,
     )
 
 
@@ -126,6 +169,18 @@ def dataset_stats(name: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
     any files (OOD sets are normalised with their in-distribution dataset's statistics)."""
     DATASETS.get(name)
     return _TABLE[name].stats()
+
+
+def dataset_streams(name: str) -> bool:
+    """Whether dataset ``name`` is decoded per sample by the trial's loader workers
+    (``train.loader_workers``, which then count in the trial's Ray CPUs) instead of held in
+    memory.
+
+    >>> dataset_streams("imagenet"), dataset_streams("cifar10")
+    (True, False)
+    """
+    DATASETS.get(name)
+    return _TABLE[name].streamed
 
 
 def list_datasets() -> list[str]:

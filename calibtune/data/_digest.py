@@ -64,6 +64,9 @@ def dataset_digest(ds: Dataset) -> str:
         return array_digest(ds.images, ds.labels, ds._scale, ds._shift)
     if isinstance(ds, TensorDataset):
         return array_digest(*ds.tensors)
+    own = getattr(ds, "content_digest", None)
+    if callable(own):  # a streamed split (ImageNet): paths, sizes and labels, no 140 GB read
+        return str(own())
     paths = getattr(ds, "paths", None)
     if isinstance(paths, list) and all(isinstance(p, Path) for p in paths):
         return _files_digest(paths, getattr(ds, "labels", None))  # no decoding of 100k images

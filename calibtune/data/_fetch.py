@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import http.client
 import os
 import shutil
@@ -175,11 +176,27 @@ def _append(url: str, part: Path, progress: _Progress | None, name: str) -> bool
     return total is None or size >= total
 
 
+def _digest(path: Path, pinned: str) -> str:
+    """The digest of ``path`` in the form of ``pinned``: ``sha256:<hex>`` or a bare MD5."""
+    if not pinned.startswith("sha256:"):
+        return md5_file(path)
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            h.update(block)
+    return f"sha256:{h.hexdigest()}"
+
+
+def _named(digest: str) -> str:
+    return digest.replace("sha256:", "sha256 ") if digest.startswith("sha256:") else f"md5 {digest}"
+
+
 def download_url(url: str, dest: Path, md5: str, name: str, stream: IO[str] | None = None) -> Path:
     """Download ``url`` to ``dest`` (via ``dest.part``, resumed on a later call or after a
-    connection closed mid-file) and check its MD5; a wrong MD5 removes the partial file and
-    raises `FetchError`. Returns ``dest``."""
-    if dest.is_file() and md5_file(dest) == md5:  # complete from an earlier, interrupted fetch
+    connection closed mid-file) and check its MD5 (``md5`` of the form ``sha256:<hex>``: its
+    SHA-256); a wrong digest removes the partial file and raises `FetchError`. Returns
+    ``dest``."""
+    if dest.is_file() and _digest(dest, md5) == md5:  # complete from an earlier, interrupted fetch
         return dest
     part = dest.with_name(dest.name + ".part")
     progress = _Progress(dest.name, None, 0, stream)
@@ -200,12 +217,12 @@ def download_url(url: str, dest: Path, md5: str, name: str, stream: IO[str] | No
             )
     finally:
         progress.close()
-    got = md5_file(part)
+    got = _digest(part, md5)
     if got != md5:
         part.unlink()
         raise FetchError(
-            f"{name}: {url}: expected md5 {md5}, got {got} (the download was removed; a "
-            f"mirror must serve the official file)"
+            f"{name}: {url}: expected {_named(md5)}, got {got.removeprefix('sha256:')} (the "
+            f"download was removed; a mirror must serve the official file)"
         )
     os.replace(part, dest)
     return dest
@@ -257,7 +274,7 @@ def _place(fs: FetchSet, root: Path, files: list[Path]) -> None:
         tmp = state / f"unpack-{fs.name}"
         shutil.rmtree(tmp, ignore_errors=True)
         _safe_extract(fs.name, path, tmp)
-        top = tmp / (fs.folder or "")
+        top = tmp if fs.flat else tmp / (fs.folder or "")  # flat: members at the top
         if not top.is_dir():
             raise FetchError(
                 f"{fs.name}: {path.name}: expected a top folder {fs.folder}/, got "
@@ -326,7 +343,7 @@ def fetch(
             downloads = base / STATE_DIR / "downloads"
             downloads.mkdir(parents=True, exist_ok=True)
             files = [
-                download_url(url, downloads / d.file, d.md5, name, stream)
+                download_url(url, downloads / d.file, d.md5 or f"sha256:{d.sha256}", name, stream)
                 for d, url in zip(fs.downloads, urls, strict=True)
             ]
             _place(fs, base, files)

@@ -13,6 +13,8 @@ __all__ = ["check_fetched", "sets_read_by"]
 
 #: sets read through another set's files (the generated CIFAR-10-C reads CIFAR-10's test set)
 _READS = {"cifar10c_generated": "cifar10"}
+#: sets a dataset reads beside its own files (text sets: the GloVe vectors they start from)
+_ALSO_READS: dict[str, tuple[str, ...]] = {"sst": ("glove6b",), "20newsgroups": ("glove6b",)}
 
 
 def sets_read_by(
@@ -28,7 +30,7 @@ def sets_read_by(
     """
     ood = default_ood(dataset) if ood is None else ood
     shift = default_shift(dataset) if shift is None else shift
-    names = [dataset, *ood, *(get_shift(s).ood for s in shift)]
+    names = [dataset, *_ALSO_READS.get(dataset, ()), *ood, *(get_shift(s).ood for s in shift)]
     return [n for n in dict.fromkeys(_READS.get(n, n) for n in names) if n in FETCH_SETS]
 
 

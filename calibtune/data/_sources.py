@@ -16,10 +16,22 @@ Sources of the values:
   2535967) and ``CIFAR-100-C.tar`` (record 3555552), the same values torch-uncertainty pins
   (``torch_uncertainty/datasets/classification/cifar/cifar_c.py``: ``CIFAR10C.tgz_md5``,
   ``CIFAR100C.tgz_md5``); per-``.npy`` MD5s from torch-uncertainty's ``ctest_list``.
+* SST (``trainDevTestTrees_PTB.zip``): Stanford publishes no checksum; the SHA-256 is the one
+  Flux.jl pins for the same URL (``src/data/sentiment.jl``), no MD5 is published anywhere we
+  found, so the archive is checked by SHA-256 (`Download.sha256`).
 * Tiny-ImageNet: Stanford publishes no checksum for ``tiny-imagenet-200.zip``; the MD5 is the
   one the community pins (Avalanche's ``TinyImagenet.md5`` and torch-uncertainty's
   ``TinyImageNet.tgz_md5``), no per-file values exist, so its files are checked against the
   digests recorded when calibtune fetched them.
+* GloVe 6B (``glove.6B.zip``, 862,182,613 bytes): Stanford publishes no checksum; the MD5 is the
+  one independent downloaders pin for the same URL (LEAF's ``sent140`` download in
+  federated-learning code bases, the atnlp project's ``MD5ZIP``, shell scripts that check
+  ``md5sum``), no per-file values exist (the digests recorded at fetch are checked).
+* 20 Newsgroups (``20news-19997.tar.gz``, the original 19,997-document collection, 17,332,201
+  bytes): no checksum on Jason Rennie's page; the SHA-256 is the one Hugging Face ``datasets``
+  pinned for the same URL (``datasets/newsgroup/dataset_infos.json``, ``download_checksums``;
+  its ``20news-bydate.tar.gz`` value there equals scikit-learn's ``ARCHIVE.checksum``), checked
+  by SHA-256 (`Download.sha256`); per-file: none published.
 """
 
 from __future__ import annotations
@@ -32,13 +44,16 @@ __all__ = ["FETCH_SETS", "Download", "FetchSet", "fetch_set"]
 @dataclass(frozen=True)
 class Download:
     """One file on a server: ``url`` (its last path part is ``file``, also the name a mirror
-    must serve), its published ``md5`` and whether it is an archive to ``extract`` into the
-    root (else it is placed at ``<root>/<file>``)."""
+    must serve), its published ``md5`` (or, where only one is published, ``sha256``) and
+    whether it is an archive to ``extract`` into the root (else it is placed at
+    ``<root>/<file>``)."""
 
     file: str
     url: str
     md5: str
     extract: bool
+    # the published SHA-256 where no MD5 is published (``md5`` then ""): checked instead
+    sha256: str = ""
 
 
 @dataclass(frozen=True)
@@ -55,6 +70,8 @@ class FetchSet:
     files: dict[str, str] = field(default_factory=dict)
     size: str = ""
     checksum_source: str = ""
+    # the archive has no top folder (glove.6B.zip): its members are unpacked into ``folder``
+    flat: bool = False
 
 
 def _cifar_c(name: str, folder: str, record: str, md5: str, npy: dict[str, str]) -> FetchSet:
@@ -118,6 +135,10 @@ _CIFAR100C_NPY = {
     "pixelate": "96c00c60f144539e14cffb02ddbd0640",
 }
 _KRIZ = "https://www.cs.toronto.edu/~kriz"
+#: MD5 of the official glove.6B.zip (862,182,613 bytes), as pinned by independent downloaders
+GLOVE6B_MD5 = "056ea991adb4740ac6bf1b6d9b50408b"
+#: SHA-256 of 20news-19997.tar.gz (17,332,201 bytes), Hugging Face datasets' dataset_infos.json
+NEWSGROUPS_SHA256 = "ab7bbf82b7831f7dbb1a09d9312f66fa78565c8de25526999b0d66f69d37e414"
 _SVHN = "http://ufldl.stanford.edu/housenumbers"  # the host serves plain HTTP; MD5 still applies
 
 FETCH_SETS: dict[str, FetchSet] = {
@@ -219,6 +240,63 @@ FETCH_SETS: dict[str, FetchSet] = {
             "archive: none published by Stanford; the value Avalanche (TinyImagenet.md5) and "
             "torch-uncertainty (TinyImageNet.tgz_md5) pin; per-file: none published (the "
             "digests recorded at fetch are checked)",
+        ),
+        FetchSet(
+            "sst",
+            "Stanford Sentiment Treebank, PTB-format train/dev/test trees (Socher et al. 2013)",
+            (
+                Download(
+                    "trainDevTestTrees_PTB.zip",
+                    "https://nlp.stanford.edu/sentiment/trainDevTestTrees_PTB.zip",
+                    "",
+                    True,
+                    sha256="5c613a4f673fc74097d523a2c83f38e0cc462984d847b82c7aaf36b01cbbbfcc",
+                ),
+            ),
+            "trees",
+            {},
+            "771 KiB",
+            "archive: none published by Stanford; the SHA-256 Flux.jl pins "
+            "(src/data/sentiment.jl, download_and_verify); per-file: none published (the "
+            "digests recorded at fetch are checked)",
+        ),
+        FetchSet(
+            "glove6b",
+            "GloVe 6B word vectors, 50/100/200/300-d (Pennington, Socher & Manning 2014)",
+            (
+                Download(
+                    "glove.6B.zip",
+                    "https://nlp.stanford.edu/data/glove.6B.zip",
+                    GLOVE6B_MD5,
+                    True,
+                ),
+            ),
+            "glove.6B",
+            {},
+            "822 MiB",
+            "archive: none published by Stanford; the MD5 independent downloaders pin "
+            "(LEAF sent140 download, atnlp MD5ZIP); per-file: none published (the digests "
+            "recorded at fetch are checked)",
+            flat=True,
+        ),
+        FetchSet(
+            "20newsgroups",
+            "20 Newsgroups, original 19,997-document collection 20news-19997 (Lang 1995)",
+            (
+                Download(
+                    "20news-19997.tar.gz",
+                    "http://qwone.com/~jason/20Newsgroups/20news-19997.tar.gz",
+                    "",
+                    True,
+                    sha256=NEWSGROUPS_SHA256,
+                ),
+            ),
+            "20_newsgroups",
+            {},
+            "17 MiB",
+            "archive: none published by J. Rennie; the SHA-256 Hugging Face datasets pins "
+            "(datasets/newsgroup/dataset_infos.json, download_checksums); per-file: none "
+            "published (the digests recorded at fetch are checked)",
         ),
     )
 }

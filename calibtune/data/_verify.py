@@ -14,14 +14,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 from .._io import atomic_write
-from ._common import DatasetNotFoundError, resolve_root
+from ._common import DatasetNotFoundError, SetCheck, resolve_root
 from ._sources import FetchSet, fetch_set
 
 __all__ = [
+    "PREPARED_SETS",
     "STATE_DIR",
     "DataVerificationError",
     "SetCheck",
@@ -32,6 +32,9 @@ __all__ = [
     "set_files",
     "verify_set",
 ]
+
+#: sets calibtune cannot download: the user prepares their folder, `verify_set` checks its layout
+PREPARED_SETS = ("imagenet",)
 
 #: the folder under a data root holding calibtune's own state: the lock, partial downloads,
 #: stamps (hidden, so no loader ever reads it as data)
@@ -134,23 +137,16 @@ def check_stamp(root: object, name: str, files: list[str] | None = None) -> None
             )
 
 
-@dataclass(frozen=True)
-class SetCheck:
-    """Outcome of `verify_set`: ``status`` is ``ok``, ``missing``, ``failed`` or
-    ``unverified`` (files present, but no stamp and no published per-file checksum)."""
-
-    name: str
-    status: str
-    detail: str
-
-    def line(self) -> str:
-        return f"{self.name}: {self.status}: {self.detail}"
-
-
 def verify_set(name: str, root: object = None, *, full: bool = True) -> SetCheck:
     """Check set ``name`` under ``root``: against its stamp when there is one (``full``:
     re-hash every file; else only those whose size or mtime moved), else against the
-    published per-file MD5s — and, when those pass, write the stamp so runs check it."""
+    published per-file MD5s — and, when those pass, write the stamp so runs check it.
+    A set the user prepares (`PREPARED_SETS`: ImageNet) is checked by its own verifier: its
+    layout and (``full``) every file's header."""
+    if name in PREPARED_SETS:
+        from ._imagenet import verify_imagenet
+
+        return verify_imagenet(root, full=full)  # type: ignore[return-value]
     fs = fetch_set(name)
     base = resolve_root(root, name)
     stamp = _read_stamp(base, name)

@@ -9,7 +9,10 @@ listing, streams, `hold_lock`), Ray Tune and Train get the same pair (`Storage.r
 from calibtune._lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["Storage", "StorageError", "open_storage"], "._storage"),
+    **dict.fromkeys(
+        ["Storage", "StorageError", "check_location", "open_storage", "resolve_region"],
+        "._storage",
+    ),
     **dict.fromkeys(
         ["StorageLockLostError", "StorageLockedError", "hold_lock", "lease_note", "lease_s"],
         "._lock",

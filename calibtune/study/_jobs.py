@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from calibtune.storage._storage import check_location
+from calibtune.storage import check_location
 from calibtune.study._preflight import check_address
 from calibtune.study._raycluster import client_token_auth
 

@@ -10,6 +10,9 @@ the trial's device, whatever the source:
   batch is indexed on the device, augmented there (the dataset's batch augmentation, vectorised)
   and normalised in one fused ``x·scale + shift`` (airbench, Jordan 2024, keeps CIFAR on the GPU
   the same way);
+* **token documents** (`calibtune.data.TokenDocuments`: 20 Newsgroups) keep their int64 token
+  ids and embedding table resident; each batch is cut to its longest document (zeros in front)
+  and embedded on the device, ``x`` float ``(B, D, T)``;
 * **streamed** sets (any other map-style dataset) go through one ``DataLoader`` per owner, with
   persistent workers and pinned memory on CUDA, copied to the device without blocking.
 
@@ -136,6 +139,7 @@ class DeviceBatches:
         self.num_workers, self.channels_last = num_workers, channels_last
         self._x: Tensor | None = None  # resident data (uploaded on first use)
         self._y: Tensor | None = None
+        self._vectors: Tensor | None = None  # token documents' embedding table, on the device
         self._loader: DataLoader | None = None
         self._sampler = _Batches()
         # ``(x, y) -> (inputs, targets)`` of training batches after augmentation: a mixup-family
@@ -150,6 +154,9 @@ class DeviceBatches:
         tensors = dataset_tensors(self.dataset)
         if tensors is not None:
             return tensors
+        tokens, vectors = (getattr(self.dataset, a, None) for a in ("tokens", "vectors"))
+        if isinstance(tokens, Tensor) and isinstance(vectors, Tensor):
+            return tokens, self.dataset.labels  # type: ignore[attr-defined]  # TokenDocuments
         images = getattr(self.dataset, "images", None)
         labels = getattr(self.dataset, "labels", None)
         if not (isinstance(images, Tensor) and isinstance(labels, Tensor)):
@@ -168,6 +175,9 @@ class DeviceBatches:
             x, y = self._source()  # type: ignore[misc]
             self._x = x.to(self.device, non_blocking=True)
             self._y = y.to(self.device, dtype=torch.int64, non_blocking=True)
+            vectors = getattr(self.dataset, "vectors", None)
+            if isinstance(vectors, Tensor) and x.dtype == torch.int64:  # token documents
+                self._vectors = vectors.to(self.device)
             scale = getattr(self.dataset, "_scale", None)
             if isinstance(scale, Tensor):  # uint8 images: normalised per batch, fused
                 self._scale = scale.to(self.device)
@@ -199,7 +209,15 @@ class DeviceBatches:
         # one host-to-device copy of the epoch's indices, split on the device
         idx_all = torch.cat(list(index_batches)).to(self.device, non_blocking=True)
         raw = self._raw_augment() if train else None
-        for idx in torch.split(idx_all, sizes):
+        for index, idx in zip(index_batches, torch.split(idx_all, sizes), strict=True):
+            if self._vectors is not None:
+                # token documents: cut to the batch's longest document (its width is read from
+                # the CPU lengths, no device sync), then embedded here as (B, D, width)
+                width = self.dataset.width(index)  # type: ignore[attr-defined]
+                tokens = x_all[:, x_all.shape[1] - width :][idx]
+                x = nn.functional.embedding(tokens, self._vectors).transpose(1, 2)
+                yield x, y_all[idx]
+                continue
             x = x_all[idx]
             if x.dtype == torch.uint8:
                 x = x.float()

@@ -63,21 +63,41 @@ NONDETERMINISTIC_CUDA_OPS = frozenset(
 )
 
 
+def _arg(args: Any, kwargs: Any, index: int, name: str) -> Any:
+    return kwargs.get(name) if name in kwargs else (args[index] if len(args) > index else None)
+
+
+#: ops of the list that refuse only in some calls (torch's wording): bincount with weights,
+#: median/nanmedian with indices (the ``dim`` overloads), scatter_reduce with ``prod``
+_ONLY_WHEN = {
+    "bincount": lambda f, a, k: _arg(a, k, 1, "weights") is not None,
+    "median": lambda f, a, k: f._overloadname.startswith("dim"),
+    "nanmedian": lambda f, a, k: f._overloadname.startswith("dim"),
+    "scatter_reduce": lambda f, a, k: _arg(a, k, 4, "reduce") == "prod",
+    "scatter_reduce_": lambda f, a, k: _arg(a, k, 4, "reduce") == "prod",
+}
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.ops: set[str] = set()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        self.ops.add(func._overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        name = func._overloadpacket.__name__
+        if name in NONDETERMINISTIC_CUDA_OPS:
+            when = _ONLY_WHEN.get(name)
+            if when is None or when(func, args, kwargs):
+                self.ops.add(name)
+        return func(*args, **kwargs)
 
 
 def cuda_nondeterministic_ops(fn: Callable[[], Any]) -> set[str]:
-    """The ops of `NONDETERMINISTIC_CUDA_OPS` that ``fn()`` dispatches (run it on ``meta`` or
-    CPU tensors: the dispatch is the same as on CUDA). ``median``/``scatter_reduce`` are listed
-    by name, so their deterministic overloads (no indices; ``sum``/``mean``) are reported too:
-    a caller that uses them says so.
+    """The ops of `NONDETERMINISTIC_CUDA_OPS` that ``fn()`` dispatches in a call that has no
+    deterministic CUDA kernel (run it on ``meta`` or CPU tensors: the dispatch is the same as
+    on CUDA): ``bincount`` only with weights, ``median`` only with indices, ``scatter_reduce``
+    only with ``prod``.
 
     >>> import torch
     >>> x = torch.ones(1, 1, 8, 8, requires_grad=True)
@@ -86,7 +106,11 @@ def cuda_nondeterministic_ops(fn: Callable[[], Any]) -> set[str]:
     ['_adaptive_avg_pool2d_backward']
     >>> cuda_nondeterministic_ops(lambda: torch.nn.AvgPool2d(4)(x).sum().backward())
     set()
+    >>> n = torch.tensor([0, 1, 1])
+    >>> cuda_nondeterministic_ops(lambda: torch.bincount(n)), sorted(
+    ...     cuda_nondeterministic_ops(lambda: torch.bincount(n, torch.ones(3))))
+    (set(), ['bincount'])
     """
     with _Recorder() as rec:
         fn()
-    return rec.ops & NONDETERMINISTIC_CUDA_OPS
+    return rec.ops

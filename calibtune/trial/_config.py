@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 DEFAULT_POSTHOC: tuple[str, ...] = ("ts", "ts_nll", "focal_ts", "ets", "spline")
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad")
 #: ``loss.reduction`` choices ("none" would hand the loop a vector)
 LOSS_REDUCTIONS = ("mean", "sum")
 #: no value above these can be meant (a typo such as ``epochs: 1e30`` would train forever)
@@ -255,6 +255,10 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
             if o not in known:
                 raise fail(f"data.ood[{i}]", "one of " + ", ".join(known), o)
         ood = tuple(ood)
+        if ood and {"text", "trees"} & set(_d.DATASETS.get(name).tags):
+            # every OOD set is images or signals: a text network cannot read them
+            why = f"[] ({name} is text; the OOD sets are images or signals)"
+            raise fail("data.ood", why, list(ood))
     shift = d.get("shift")
     if shift is not None:  # a set corrupts one dataset's splits: only its sets are choices
         shift = check_choices(shift, "data.shift", _d.shift_sets_for(name), f"{name} shift sets")
@@ -265,7 +269,7 @@ def _data(d: Mapping[str, Any]) -> DataConfig:
     )
 
 
-_MODEL_FROM_DATA = {"num_classes", "input_shape"}
+_MODEL_FROM_DATA = {"num_classes", "input_shape", "embeddings"}
 
 
 def _model(d: Mapping[str, Any]) -> ModelConfig:
@@ -473,7 +477,51 @@ def config_from_dict(d: Mapping[str, Any]) -> TrialConfig:
         scaling=_scaling(sub("scaling")),
     )
     _check_select_metric(cfg)
+    _check_tree_inputs(cfg)
+    _check_loader_cpus(cfg)
     return cfg
+
+
+def _check_loader_cpus(cfg: TrialConfig) -> None:
+    """A streamed data set (`calibtune.data.dataset_streams`: ImageNet) is decoded by
+    ``train.loader_workers`` processes beside the trial's own, all inside the trial's Ray bundle
+    (`worker_bundle`): refused when ``loader_workers + 1`` exceeds its CPUs, so Ray never packs
+    more decoding processes on a node than it has counted (in-memory sets: not checked)."""
+    from calibtune.trial._placement import worker_bundle
+
+    if not _d.dataset_streams(cfg.data.name):
+        return
+    cpus = worker_bundle(cfg.scaling).get("CPU", 1.0)
+    n = cfg.train.loader_workers
+    if n + 1 > cpus:
+        raise fail(
+            "train.loader_workers",
+            f"at most {max(int(cpus) - 1, 0)} ({cfg.data.name} decodes in the loader workers "
+            f"beside the trial's own process, all counted in its Ray bundle of CPU {cpus:g}; "
+            f"set scaling.resources_per_worker.CPU to {n + 1} or lower train.loader_workers)",
+            n,
+        )
+
+
+def _check_tree_inputs(cfg: TrialConfig) -> None:
+    """Encoded parse trees (a dataset tagged ``trees``: SST) are read by tree networks only
+    (tagged ``trees``: ``treelstm``) and those read nothing else; a trees set takes no
+    mixup-family loss (it mixes inputs: trees do not mix). OOD sets: refused in `_data`."""
+    trees = "trees" in _d.DATASETS.get(cfg.data.name).tags
+    tree_nets = [m.name for m in _m.MODELS if "trees" in m.tags]
+    if trees != (cfg.model.name in tree_nets):
+        want = (
+            f"one of {', '.join(tree_nets)} (data.name {cfg.data.name} is encoded parse trees)"
+            if trees
+            else f"a network for data.name {cfg.data.name}, not one for parse trees"
+        )
+        raise fail("model.name", want, cfg.model.name)
+    if trees and hasattr(cfg.loss.build(), "batch_transform"):
+        raise fail(
+            "loss.name",
+            f"a loss that does not mix inputs ({cfg.data.name} inputs are parse trees)",
+            cfg.loss.name,
+        )
 
 
 def _check_select_metric(cfg: TrialConfig) -> None:
