@@ -173,7 +173,8 @@ def test_registry_lists_every_dataset() -> None:
 
 
 def test_unknown_dataset_lists_names() -> None:
-    with pytest.raises(ValueError, match=r"unknown dataset 'cifar9'; expected one of: 20newsgroups, cifar10, "):
+    names = r"unknown dataset 'cifar9'; expected one of: 20newsgroups, cifar10, "
+    with pytest.raises(ValueError, match=names):
         load_splits("cifar9")
 
 
