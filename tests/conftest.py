@@ -28,6 +28,7 @@ GROUPS = {
             "tests/test_scale.py",
             "tests/test_study_e2e.py",
             "tests/test_study_rounds.py",
+            "tests/test_text_study_report.py",
             "tests/test_trial_workers.py",
             "tests/test_ui_browser.py",
         ],

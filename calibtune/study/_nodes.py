@@ -156,7 +156,7 @@ def check_node_versions() -> None:
     refs = {
         f"{n['NodeID'][:12]} ({n['NodeManagerAddress']})": probe.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        ).remote()
+        ).remote(PACKAGES)
         for n in others
     }
     ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=_PROBE_TIMEOUT_S)
