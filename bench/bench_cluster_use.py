@@ -89,7 +89,7 @@ def seed_spans(uri: str, experiment_id: str) -> list[tuple[float, float]]:
     seconds since the epoch."""
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import TAG_KIND
+    from calibtune.record._tracking import TAG_KIND
 
     runs = MlflowClient(uri).search_runs([experiment_id], f"tags.`{TAG_KIND}` = 'seed'")
     return [(r.info.start_time / 1000, r.info.end_time / 1000) for r in runs if r.info.end_time]

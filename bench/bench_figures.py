@@ -154,10 +154,10 @@ def refresh_rounds(store: Path, rounds: int) -> None:
     the summary again: pass a copy, or the folder of a run made for the bench)."""
     from mlflow.tracking import MlflowClient
 
+    from calibtune.record._tracking import TAG_KIND
     from calibtune.study._config import load_study
     from calibtune.study._optuna import open_optuna_study
     from calibtune.study._summary import rdb_storage, refresh_summary
-    from calibtune.study._tracking import TAG_KIND
 
     uri, sd = (
         f"sqlite:///{store / 'mlflow.db'}",

@@ -122,7 +122,7 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 5) -> list[dict[s
     drawn by the trial), then the trial draws its figures or leaves them to the study's driver
     (``figures_for``, what a study does), alternated; the driver's drawing is timed apart."""
     from calibtune import trial as T
-    from calibtune.study import _tracking as TR
+    from calibtune.record import _tracking as TR
     from calibtune.study._config import load_study
     from calibtune.study._trainable import trial_dict
 

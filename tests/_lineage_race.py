@@ -11,7 +11,7 @@ def log_rounds(uri: str, run_ids: list[str], barrier: Any, out: Any) -> None:
 
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._lineage import log_data_inputs
+    from calibtune.record._lineage import log_data_inputs
 
     MlflowClient(uri).get_run(run_ids[0])  # the store opened before the race
     for rnd, run_id in enumerate(run_ids):

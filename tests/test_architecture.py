@@ -1,7 +1,7 @@
 """The import graph of calibtune/ has no circle and no arrow up the layers, counting every
 import a reader could miss: function-local ones and those under ``if TYPE_CHECKING``.
 
-Layers, top to bottom (docs/architecture.md): entry points → study → trial → training →
+Layers, top to bottom (docs/architecture.md): entry points → study → record → trial → training →
 losses, posthoc, data, models, plots → metrics → ``_io`` → storage → shared helpers."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ PACKAGE = ROOT / "calibtune"
 
 #: a module's layer: the longest prefix listed wins; a module may import its own layer or lower
 LAYERS = {
-    "calibtune.cli": 9,
-    "calibtune.__main__": 10,
-    "calibtune._data_cli": 8,
-    "calibtune.demo": 8,
-    "calibtune.study": 7,
+    "calibtune.cli": 10,
+    "calibtune.__main__": 11,
+    "calibtune._data_cli": 9,
+    "calibtune.demo": 9,
+    "calibtune.study": 8,
+    "calibtune.record": 7,
     "calibtune.trial": 6,
     "calibtune.training": 5,
     "calibtune.losses": 4,

@@ -58,9 +58,9 @@ def crafted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
     """A study whose state exists but has no finished trial, written the way calibtune writes
     it: the MLflow parent run (`open_study_run`), the state file and study copy, and one trial's
     child run (`ChildRun`) that failed."""
+    from calibtune.record._tracking import ChildRun, open_study_run
     from calibtune.study import StudyDir, load_study
     from calibtune.study._studydir import StudyState
-    from calibtune.study._tracking import ChildRun, open_study_run
 
     root = tmp_path_factory.mktemp("crafted")
     path = root / "tiny.yaml"

@@ -64,15 +64,15 @@ def _finished_study(root: Path, config: bool = True) -> tuple[Path, str]:
     state file, study copy) with one finished trial holding metrics and its config.yaml (unless
     not ``config``) and one failed trial that logged ``val/nll`` before it failed."""
     from calibtune._provenance import installed_versions
-    from calibtune.study import StudyDir, load_study
-    from calibtune.study._studydir import StudyState
-    from calibtune.study._tracking import (
+    from calibtune.record._tracking import (
         TAG_T_GRID_ENDS,
         ChildRun,
         _client,
         log_metrics,
         open_study_run,
     )
+    from calibtune.study import StudyDir, load_study
+    from calibtune.study._studydir import StudyState
 
     study = {
         "name": "fast",

@@ -40,7 +40,7 @@ def test_digits_inputs_per_context_seed_and_cache():
 
 def _fake_study(tmp_path, test_digests: dict[str, str]):
     """A study folder whose trials (cross_entropy t0, focal t1) logged these test digests."""
-    from calibtune.study._lineage import log_data_inputs
+    from calibtune.record._lineage import log_data_inputs
     from calibtune.study._studydir import StudyDir, StudyState
 
     study = _study_file(tmp_path)
@@ -93,7 +93,7 @@ def test_different_data_is_said_by_compare_and_report_and_refused_by_baseline(tm
 
 @pytest.mark.parametrize("ctx", ["training", "validation", "test", "ood", "shift"])
 def test_the_trial_callback_logs_each_input_once_with_its_context(tmp_path, ctx):
-    from calibtune.study._tracking import MlflowTrialCallback
+    from calibtune.record._tracking import MlflowTrialCallback
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -107,7 +107,7 @@ def test_the_trial_callback_logs_each_input_once_with_its_context(tmp_path, ctx)
 
 
 def test_a_trials_inputs_are_the_split_it_trains_on_drawn_with_split_seed():
-    from calibtune.study._lineage import trial_inputs
+    from calibtune.record._lineage import trial_inputs
     from calibtune.trial import config_from_dict
 
     cfg = config_from_dict({"seed": 5, "data": {"name": "digits", "ood": [], "shift": []}})

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from calibtune.plots import save_trial_figures
-from calibtune.study import _tracking as TR
+from calibtune.record import _tracking as TR
 from calibtune.trial import config_from_dict, run
 
 STUDY = "deferred"
@@ -133,7 +133,7 @@ def test_the_study_end_renders_what_a_dead_driver_left(
 
 DEFERRING_PROCESS = """
 import sys
-from calibtune.study import _tracking as TR
+from calibtune.record import _tracking as TR
 from calibtune.trial import config_from_dict, run
 
 tmp, = sys.argv[1:]

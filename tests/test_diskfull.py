@@ -210,7 +210,7 @@ def test_tune_local_error_file_is_read_for_the_reason(tmp_path):
 def test_a_trial_interrupted_by_a_full_disk_is_unfinished_again_in_mlflow(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import (
+    from calibtune.record._tracking import (
         TAG_ERROR,
         TAG_STATUS,
         ChildRun,

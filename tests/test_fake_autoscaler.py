@@ -235,7 +235,7 @@ def _check_trained(tmp: Path, path: Path) -> None:
     import optuna
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import TAG_KIND
+    from calibtune.record._tracking import TAG_KIND
 
     raw = yaml.safe_load(path.read_text())
     client = MlflowClient(raw["tracking"]["uri"])

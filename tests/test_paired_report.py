@@ -12,8 +12,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from calibtune.cli import main
+from calibtune.record._tracking import PARENT
 from calibtune.study import load_study, run_study
-from calibtune.study._tracking import PARENT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 

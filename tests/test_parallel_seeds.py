@@ -14,8 +14,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from calibtune.record._tracking import PARENT, TAG_KIND
 from calibtune.study import load_study, run_study
-from calibtune.study._tracking import PARENT, TAG_KIND
 
 pytestmark = pytest.mark.slow
 

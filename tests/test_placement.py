@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._tracking import MlflowTrialCallback
+from calibtune.record._tracking import MlflowTrialCallback
 from calibtune.trial import config_from_dict, config_to_dict
 from calibtune.trial._placement import (
     TAG_WORKER_NODES,

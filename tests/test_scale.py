@@ -14,10 +14,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._config import load_study
-from calibtune.study._optuna import flat_params
-from calibtune.study._progress import _refresher, drain_summaries
-from calibtune.study._tracking import (
+from calibtune.record._tracking import (
     PARENT,
     TAG_KIND,
     TAG_STATUS,
@@ -25,6 +22,9 @@ from calibtune.study._tracking import (
     experiment_id,
     log_metrics,
 )
+from calibtune.study._config import load_study
+from calibtune.study._optuna import flat_params
+from calibtune.study._progress import _refresher, drain_summaries
 from calibtune.study._trainable import StudyPayload
 
 

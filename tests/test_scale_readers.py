@@ -12,9 +12,8 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._lineage import data_columns
-from calibtune.study._results import StudyRef, trials_frame
-from calibtune.study._tracking import (
+from calibtune.record._lineage import data_columns
+from calibtune.record._tracking import (
     PARENT,
     TAG_KIND,
     TAG_STATUS,
@@ -25,6 +24,7 @@ from calibtune.study._tracking import (
     find_run_values,
     find_runs,
 )
+from calibtune.study._results import StudyRef, trials_frame
 
 
 def _store(tmp_path, trials: int) -> tuple[str, str, str]:

@@ -69,7 +69,7 @@ def test_shift_key_builder_direction_and_grammar() -> None:
 def test_shift_keys_survive_a_real_mlflow_round_trip(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import experiment_id, log_metrics
+    from calibtune.record._tracking import experiment_id, log_metrics
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = MlflowClient(uri).create_run(experiment_id(uri, "shift"))

@@ -10,7 +10,7 @@ from tests.test_study_dashboard import _study_file
 
 
 def _child(client, exp_id, parent, trial_id, values):
-    from calibtune.study._tracking import PARENT, TAG_TRIAL, log_metrics
+    from calibtune.record._tracking import PARENT, TAG_TRIAL, log_metrics
 
     run = client.create_run(exp_id, tags={PARENT: parent, TAG_TRIAL: trial_id})
     for epoch, v in enumerate(values):  # as MlflowTrialCallback logs an epoch: step=epoch
@@ -19,7 +19,7 @@ def _child(client, exp_id, parent, trial_id, values):
 
 
 def test_intermediate_values_come_from_the_child_runs_once(tmp_path):
-    from calibtune.study._curves import objective_curves
+    from calibtune.record._curves import objective_curves
     from calibtune.study._summary import load_optuna_study, refresh_summary
 
     study = _study_file(tmp_path)
@@ -46,8 +46,8 @@ def test_intermediate_values_come_from_the_child_runs_once(tmp_path):
 
 
 def test_a_several_seed_trials_curve_is_the_mean_of_its_seed_runs(tmp_path):
-    from calibtune.study._curves import objective_curves
-    from calibtune.study._tracking import PARENT, TAG_KIND, log_metrics
+    from calibtune.record._curves import objective_curves
+    from calibtune.record._tracking import PARENT, TAG_KIND, log_metrics
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)

@@ -7,7 +7,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from calibtune.metrics import keys as K
-from calibtune.study._tracking import EXPERIMENT_TAGS, MlflowTrialCallback, experiment_id
+from calibtune.record._tracking import EXPERIMENT_TAGS, MlflowTrialCallback, experiment_id
 
 
 def test_experiments_open_on_training_runs_new_and_reused(tmp_path):
@@ -105,7 +105,7 @@ def _study_file(tmp, objectives=(("val/ece@ts", "min"),)):
 
 def _fake_trials(uri, exp_id, parent, rows):
     """Child runs as the trainable writes them: tags, params, final metrics."""
-    from calibtune.study._tracking import PARENT, TAG_KIND, TAG_STATUS, TAG_TRIAL, log_metrics
+    from calibtune.record._tracking import PARENT, TAG_KIND, TAG_STATUS, TAG_TRIAL, log_metrics
 
     client = MlflowClient(uri)
     for i, (loss, gamma, status, metrics) in enumerate(rows):

@@ -19,8 +19,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from calibtune.cli import main
+from calibtune.record._tracking import PARENT, TAG_KIND, TAG_STUDY
 from calibtune.study import load_study, locate_study, run_study, trials_frame
-from calibtune.study._tracking import PARENT, TAG_KIND, TAG_STUDY
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

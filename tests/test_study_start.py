@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibtune.study._tracking import _client, store_created_meanwhile
+from calibtune.record._tracking import _client, store_created_meanwhile
 
 
 def _tables(db: Path) -> set[str]:

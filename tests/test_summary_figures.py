@@ -11,10 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._config import load_study
-from calibtune.study._progress import FigureThrottle, _refresher, drain_summaries
-from calibtune.study._summary import refresh_summary
-from calibtune.study._tracking import (
+from calibtune.record._tracking import (
     PARENT,
     TAG_KIND,
     TAG_STATUS,
@@ -22,6 +19,9 @@ from calibtune.study._tracking import (
     experiment_id,
     log_metrics,
 )
+from calibtune.study._config import load_study
+from calibtune.study._progress import FigureThrottle, _refresher, drain_summaries
+from calibtune.study._summary import refresh_summary
 from calibtune.study._trainable import StudyPayload
 
 

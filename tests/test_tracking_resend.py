@@ -16,8 +16,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from calibtune.study import _mlflow_store as store
-from calibtune.study import _tracking as T
+from calibtune.record import _mlflow_store as store
+from calibtune.record import _tracking as T
 
 
 class _Server(ThreadingHTTPServer):

@@ -149,7 +149,7 @@ def lab(pg_url, tmp_path_factory):
 def test_study_logs_parent_children_metrics_and_artifacts_to_the_server(lab):
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import PARENT, TAG_KIND
+    from calibtune.record._tracking import PARENT, TAG_KIND
 
     url, _, tmp, _, s3 = lab
     client = MlflowClient(url)

@@ -95,7 +95,7 @@ def test_evaluate_final_equals_the_plain_reference_path() -> None:
 def _run(tmp_path):
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._tracking import experiment_id
+    from calibtune.record._tracking import experiment_id
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri)
@@ -105,7 +105,7 @@ def _run(tmp_path):
 def test_background_epoch_logging_logs_every_epoch_once_before_the_final_metrics(tmp_path):
     import pickle
 
-    from calibtune.study._tracking import MlflowTrialCallback
+    from calibtune.record._tracking import MlflowTrialCallback
 
     uri, client, run_id = _run(tmp_path)
     cb = MlflowTrialCallback(uri, run_id, background=True)
@@ -122,7 +122,7 @@ def test_background_epoch_logging_logs_every_epoch_once_before_the_final_metrics
 def test_background_epoch_logging_raises_the_batch_error_at_the_next_flush(tmp_path):
     from mlflow.exceptions import MlflowException
 
-    from calibtune.study._tracking import MlflowTrialCallback
+    from calibtune.record._tracking import MlflowTrialCallback
 
     uri, client, run_id = _run(tmp_path)
     cb = MlflowTrialCallback(uri, run_id, background=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._tracking import experiment_id
+from calibtune.record._tracking import experiment_id
 from calibtune.study._ui import runs_url, ui_lines
 
 

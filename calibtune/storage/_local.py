@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import uuid
 from typing import Any
@@ -22,7 +23,28 @@ from typing import Any
 from pyarrow import PythonFile
 from pyarrow.fs import FileSystemHandler, LocalFileSystem, PyFileSystem
 
-__all__ = ["AtomicLocalHandler", "atomic_filesystem", "forget_full", "full_paths", "note_full"]
+__all__ = [
+    "AtomicLocalHandler",
+    "atomic_filesystem",
+    "disk_full_text",
+    "forget_full",
+    "full_paths",
+    "note_full",
+]
+
+_ENOSPC = re.compile(
+    r"No space left on device|\[errno 28\]|database or disk is full|Disk quota exceeded", re.I
+)
+
+
+def disk_full_text(text: str | None) -> bool:
+    """Whether an error's text says that a disk (or an SQLite store on it) is full.
+
+    >>> disk_full_text("OSError: [Errno 28] No space left on device"), disk_full_text("x")
+    (True, False)
+    """
+    return bool(text) and _ENOSPC.search(text) is not None
+
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)  # a quota that runs out fills the disk as far as we go
 _FULL: set[str] = set()  # files (absolute) whose write failed with ENOSPC in this process

@@ -30,7 +30,7 @@ _EXPORTS = {
         ["LossSpace", "Space", "SpaceError", "load_loss_space", "parse_loss_space"], "._spaces"
     ),
     **dict.fromkeys(["StudyDir", "StudyDirError", "StudyLockedError"], "._studydir"),
-    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "._tracking"),
+    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "calibtune.record._tracking"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -18,6 +18,7 @@ from typing import Any
 
 from calibtune._commands import Command, arg
 from calibtune._usage import usage
+from calibtune.record import check_artifact_store, resolve_tracking_uri
 from calibtune.study._display import quiet_output
 from calibtune.study._jobs import follow, job_client, submission, submit_job
 from calibtune.study._preflight import (
@@ -28,7 +29,6 @@ from calibtune.study._preflight import (
     preflight_run,
 )
 from calibtune.study._studydir import StudyDir
-from calibtune.study._tracking import check_artifact_store, resolve_tracking_uri
 from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
 
 # Lazy: `_config` (Optuna), `_results` (pandas) and `_search` (Ray, torch) are imported by the
@@ -273,7 +273,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 def _data_note(trials: Any) -> None:
     """Data lineage: one line on stderr when the table's trials saw different data."""
-    from calibtune.study._lineage import data_note
+    from calibtune.record import data_note
 
     if note := data_note(trials.to_dict("records")):
         print(f"calibtune: {note}", file=sys.stderr)

@@ -26,7 +26,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import shutil
 import signal
 import threading
@@ -34,7 +33,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from calibtune.storage import atomic_filesystem, forget_full, full_paths, note_full
+from calibtune.storage import (
+    atomic_filesystem,
+    disk_full_text,
+    forget_full,
+    full_paths,
+    note_full,
+)
 
 # Imported by the study driver only when a study runs (pyarrow comes with Ray).
 
@@ -52,9 +57,6 @@ __all__ = [
     "trial_error_text",
 ]
 
-_ENOSPC = re.compile(
-    r"No space left on device|\[errno 28\]|database or disk is full|Disk quota exceeded", re.I
-)
 _STOPPED: dict[str, str] = {}  # study folder -> the one line its disk-full stop printed
 _SIGNALLED: set[str] = set()  # study folders whose stop was sent to Tune
 
@@ -64,11 +66,6 @@ class StorageFullError(OSError):
 
     def __init__(self, storage: str) -> None:
         super().__init__(errno.ENOSPC, os.strerror(errno.ENOSPC), storage)
-
-
-def disk_full_text(text: str | None) -> bool:
-    """Whether an error's text says that a disk (or an SQLite store on it) is full."""
-    return bool(text) and _ENOSPC.search(text) is not None
 
 
 def storage_full(storage: str | os.PathLike[str]) -> bool:

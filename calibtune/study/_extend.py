@@ -28,7 +28,7 @@ ENDED = ("finished", "failed", "stopped")
 def check_extendable(study: StudyConfig, sd: StudyDir, state: StudyState, more: int) -> None:
     """Refuse, in one line, an extension that cannot continue the study: ``more`` < 1, a grid
     (its points have all run), or a study whose trials have not all ended (resume it first)."""
-    from calibtune.study._tracking import child_statuses
+    from calibtune.record import child_statuses
 
     if more < 1:
         raise StudyDirError(f"--more: expected an integer >= 1 (trials to add), got {more}")

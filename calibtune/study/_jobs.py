@@ -618,9 +618,9 @@ def submission(
     replaces the study's; with ``fetch`` the job fetches the sets the study reads there first,
     from ``mirror`` if given), the ``--runtime-env`` file, the upload's size. Nothing is
     contacted or written but the stores' checks (`preflight_submit`)."""
+    from calibtune.record import resolve_tracking_uri
     from calibtune.study._preflight import preflight_submit
     from calibtune.study._studydir import self_contained
-    from calibtune.study._tracking import resolve_tracking_uri
 
     store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
     env = forwarded_env(os.environ, env_names)

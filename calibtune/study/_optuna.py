@@ -242,7 +242,7 @@ def record_trial(
     constrained study also gets its constraint values (``result``: its last report) where
     `Trial.set_constraint` puts them (``constraints:<name>``), which optuna-dashboard reads.
     ``curve``: the first objective per epoch, the trial's intermediate values
-    (`calibtune.study._curves`)."""
+    (`calibtune.record._curves`)."""
     if tune_trial_id in recorded_ids(ot_study):
         return False
     dists = distributions(study)

@@ -24,9 +24,8 @@ import pandas as pd
 import torch
 
 from calibtune.metrics import bootstrap_indices, bootstrap_top_label, percentile_ci
-from calibtune.study._lineage import check_same_data
+from calibtune.record import PARENT, check_same_data, find_runs, mlflow_client
 from calibtune.study._results import StudyRef, trials_frame
-from calibtune.study._tracking import PARENT, _client, find_runs
 from calibtune.training import prediction_name
 
 __all__ = ["PAIRED_METRICS", "paired_table"]
@@ -53,7 +52,7 @@ def _seed_predictions(ref: StudyRef, trial: pd.Series) -> dict[str, dict[str, np
     )
     runs = [(r.data.params.get("seed", str(i)), r.info.run_id) for i, r in enumerate(seed_runs)]
     runs = sorted(runs) or [("0", trial["run_id"])]
-    client, out = _client(ref.tracking_uri), {}
+    client, out = mlflow_client(ref.tracking_uri), {}
     for seed, run_id in runs:
         with tempfile.TemporaryDirectory() as tmp:
             try:

@@ -22,10 +22,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from calibtune.record import resolve_tracking_uri
 from calibtune.storage import Storage, open_storage
 from calibtune.study._raycluster import check_trials_fit
 from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, default_storage
-from calibtune.study._tracking import resolve_tracking_uri
 
 # Lazy: Ray (`ray._private`) only for the checks of a cluster address, so that the CLI's
 # compare/report/export and --help never import it (bench/bench_cli.py).

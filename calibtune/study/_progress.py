@@ -20,11 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from calibtune.study._config import StudyConfig
-from calibtune.study._display import clear_line, live_display, slots_text, study_slots
-from calibtune.study._results import mark_feasibility
-from calibtune.study._summary import refresh_summary
-from calibtune.study._tracking import (
+from calibtune.record import (
     PARENT,
     TAG_ERROR,
     TAG_STATUS,
@@ -34,7 +30,11 @@ from calibtune.study._tracking import (
     render_deferred_figures,
     reopen_interrupted,
 )
-from calibtune.study._tracking import record_failure as _record_failure
+from calibtune.record import record_failure as _record_failure
+from calibtune.study._config import StudyConfig
+from calibtune.study._display import clear_line, live_display, slots_text, study_slots
+from calibtune.study._results import mark_feasibility
+from calibtune.study._summary import refresh_summary
 from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
 
 # Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that

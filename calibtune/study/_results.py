@@ -23,23 +23,23 @@ import yaml
 
 from calibtune._provenance import LIBRARIES, installed_versions, provenance_comment
 from calibtune.metrics import keys as K
-from calibtune.study._config import load_study
-from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
-from calibtune.study._lineage import data_columns
-from calibtune.study._studydir import StudyDir, StudyDirError
-from calibtune.study._tracking import (
+from calibtune.record import (
     PARENT,
     TAG_ERROR,
     TAG_KIND,
     TAG_STATUS,
     TAG_T_GRID_ENDS,
     TAG_TRIAL,
-    _client,
+    data_columns,
     find_run_values,
     find_runs,
+    mlflow_client,
     mlflow_metric_name,
     resolve_tracking_uri,
 )
+from calibtune.study._config import load_study
+from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
+from calibtune.study._studydir import StudyDir, StudyDirError
 
 
 class StudyNotFoundError(ValueError):
@@ -146,7 +146,7 @@ def mark_feasibility(
     df = trials_frame(ref)
     if df.empty:
         return
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     for run_id, ok, name, tag in zip(
         df["run_id"], feasibility(constraints, df), df["run_name"], df["tag:feasible"], strict=True
     ):
@@ -323,7 +323,7 @@ def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
     section); {} when the run holds no readable study file (then no T is marked)."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(ref.tracking_uri)
+    client = mlflow_client(ref.tracking_uri)
     try:
         recorded = client.get_run(ref.parent_run_id).data.tags.get(TAG_T_GRID_ENDS)
         if recorded:  # written when the study started: read without torch
@@ -475,7 +475,7 @@ def export_best(
     best = best_trials(ref, metric, top, trials=trials)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    client = _client(ref.tracking_uri)
+    client = mlflow_client(ref.tracking_uri)
     parent_tags = client.get_run(ref.parent_run_id).data.tags
     written = []
     rules = "; ".join(str(c) for c in ref.constraints)

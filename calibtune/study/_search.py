@@ -25,6 +25,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibtune.record import (
+    TAG_HASH,
+    TAG_T_GRID_ENDS,
+    child_statuses,
+    finish_run,
+    git_sha,
+    log_metrics,
+    open_study_run,
+    resolve_tracking_uri,
+    retries_note,
+    run_metrics,
+    store_created_meanwhile,
+    store_full_errors,
+    versions,
+    watch_retries,
+)
 from calibtune.study._budget import budget_callbacks, budget_message, budget_note
 from calibtune.study._config import StudyConfig, load_study
 from calibtune.study._extend import (
@@ -48,22 +64,6 @@ from calibtune.study._raycluster import check_cluster, init_ray
 from calibtune.study._results import grid_ends, mark_feasibility
 from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
 from calibtune.study._summary import refresh_summary
-from calibtune.study._tracking import (
-    TAG_HASH,
-    TAG_T_GRID_ENDS,
-    child_statuses,
-    finish_run,
-    git_sha,
-    log_metrics,
-    open_study_run,
-    resolve_tracking_uri,
-    retries_note,
-    run_metrics,
-    store_created_meanwhile,
-    store_full_errors,
-    versions,
-    watch_retries,
-)
 from calibtune.study._trainable import StudyPayload, make_trainable
 
 # Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)

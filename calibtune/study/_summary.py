@@ -23,8 +23,8 @@ from typing import Any
 import optuna
 
 from calibtune.metrics import keys as K
+from calibtune.record import log_metrics, mlflow_client, objective_curves
 from calibtune.study._config import StudyConfig
-from calibtune.study._curves import objective_curves
 from calibtune.study._optuna import open_optuna_study, persist_ended, quiet_optuna, recorded_ids
 from calibtune.study._results import (
     StudyRef,
@@ -35,7 +35,6 @@ from calibtune.study._results import (
     report_table,
     trials_frame,
 )
-from calibtune.study._tracking import _client, log_metrics
 
 # Lazy: MLflow and matplotlib (`calibtune.plots`) only where a summary is logged or drawn, so that
 # `calibtune dashboard`, which imports `_search` and through it this module, loads neither.
@@ -101,7 +100,7 @@ def summarize_study(
     overwrites files, it never removes any, so they stay in place until the next drawing."""
     from mlflow.entities import Param
 
-    client = _client(uri)
+    client = mlflow_client(uri)
     params = [Param(k, v[:6000]) for k, v in study_params(study).items()]
     have = client.get_run(parent_run_id).data.params
     if any(p.key not in have for p in params):
@@ -208,7 +207,7 @@ def refresh_summary(
     tables: bool = True,
 ) -> str | None:
     """Record ``ended`` Tune trials in the Optuna storage (`persist_ended`, with their learning
-    curves: `calibtune.study._curves`; both read only those trials), then, with ``tables``,
+    curves: `calibtune.record._curves`; both read only those trials), then, with ``tables``,
     `summarize_study` (which reads every trial run: the driver does it now and then,
     `calibtune.study._progress`; ``figures``: redraw the study figures; the end of
     `run`/`resume` always does both). For the driver: a summary that cannot be written (a store

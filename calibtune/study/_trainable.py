@@ -37,21 +37,22 @@ from typing import Any
 from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
 from calibtune.metrics import keys as K
-from calibtune.storage import open_storage
-from calibtune.study._config import StudyConfig
-from calibtune.study._lineage import log_data_inputs, trial_inputs
-from calibtune.study._nodes import check_this_node, node_versions
-from calibtune.study._spaces import decode
-from calibtune.study._studydir import STATE_FILE
-from calibtune.study._tracking import (
+from calibtune.record import (
     TAG_LOSS,
     TAG_REUSED,
     ChildRun,
     MlflowTrialCallback,
+    log_data_inputs,
     log_missing,
     set_tag,
+    trial_inputs,
     watch_retries,
 )
+from calibtune.storage import open_storage
+from calibtune.study._config import StudyConfig
+from calibtune.study._nodes import check_this_node, node_versions
+from calibtune.study._spaces import decode
+from calibtune.study._studydir import STATE_FILE
 
 # Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) loads neither.

@@ -15,7 +15,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from calibtune.study._tracking import EXPERIMENT_TAGS
+from calibtune.record import EXPERIMENT_TAGS
 
 # Lazy: MLflow's client only in `ui_lines`, which runs once the UI server is up, so that
 # `calibtune ui` starts the server without first importing MLflow in this process.

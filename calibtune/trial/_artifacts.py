@@ -125,7 +125,7 @@ def write_artifacts(
 ) -> Path:
     """Write every artifact file, then (``eval.figures`` and ``figures``) the figures made from
     them; ``figures=False`` when a callback has them rendered elsewhere (a study's driver:
-    `calibtune.study._tracking.render_deferred_figures`). Returns the local folder holding
+    `calibtune.record._tracking.render_deferred_figures`). Returns the local folder holding
     them (`local_stage`: the folder itself, or the cache copy of a bucket's) for callbacks
     that read local files (MLflow)."""
     with local_stage(art) as local:

@@ -8,7 +8,7 @@
 3. **report** — after each epoch: checkpoint, log (rank 0's callbacks), then report to Ray Train
    or Tune (`EpochReporter`): a report blocks until the driver takes it, so logging first keeps
    a killed driver from losing a logged epoch (a study's MLflow callback sends the batch from a
-   thread while the next epoch trains; see `calibtune.study._tracking.MlflowTrialCallback`);
+   thread while the next epoch trains; see `calibtune.record._tracking.MlflowTrialCallback`);
 4. **finalize** — rank 0 fits the post-hoc methods on the cached validation logits, scores test
    and OOD sets, writes the artifacts and hands the final metrics to the callbacks (`_finalize`);
    the figures too, unless a callback ``defers_figures`` (a study's: its driver renders them

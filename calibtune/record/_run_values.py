@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from calibtune.study._mlflow_store import _client
+from calibtune.record._mlflow_store import _client
 
 
 def find_runs(uri: str, exp_id: str, filter_string: str) -> list[Any]:

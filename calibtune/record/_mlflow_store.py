@@ -266,3 +266,9 @@ def retries_note(folder: str | Path, uri: str, failed: int) -> str | None:
         f"[calibtune] the MLflow server at {uri} did not answer for a while ({len(stamps)} "
         f"requests retried, {first} to {last}); {cost}"
     )
+
+
+def mlflow_client(uri: str) -> Any:
+    """The ``MlflowClient`` of ``uri`` that calibtune writes and reads through (`_Resending`:
+    calls a dying server cut off are sent again where sending twice changes nothing)."""
+    return _client(uri)

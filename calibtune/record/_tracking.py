@@ -28,83 +28,83 @@ from typing import Any
 
 from calibtune import __version__
 from calibtune.metrics import keys as K
-from calibtune.study._lineage import log_data_inputs
-from calibtune.study._mlflow_store import (
+from calibtune.record._lineage import log_data_inputs
+from calibtune.record._mlflow_store import (
     _WATCHED as _WATCHED,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     CUT_OFF as CUT_OFF,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     FULL as FULL,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     RESENDABLE as RESENDABLE,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     RETRIES_FILE as RETRIES_FILE,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     StoreFullError as StoreFullError,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _chain_says as _chain_says,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _client as _client,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _from_template as _from_template,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _keep_template as _keep_template,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _note_retry as _note_retry,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _Resending as _Resending,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _RetryRecord as _RetryRecord,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _schema_template as _schema_template,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     _stamp as _stamp,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     retries_note as retries_note,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     store_created_meanwhile as store_created_meanwhile,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     store_full_errors as store_full_errors,
 )
-from calibtune.study._mlflow_store import (
+from calibtune.record._mlflow_store import (
     watch_retries as watch_retries,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     RunValues as RunValues,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     _inputs as _inputs,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     _inputs_query as _inputs_query,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     _sql_run_values as _sql_run_values,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     _values as _values,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     find_run_values as find_run_values,
 )
-from calibtune.study._run_values import (
+from calibtune.record._run_values import (
     find_runs as find_runs,
 )
 
@@ -416,7 +416,7 @@ class ChildRun:
         the trial's failure: the run stays unfinished and `resume` continues it, also when Tune
         requeues the trial and the study stops before telling its callbacks
         (`reopen_interrupted` for the trials they are told of)."""
-        from calibtune.study._diskfull import disk_full_text
+        from calibtune.storage import disk_full_text
 
         assert self.run_id is not None
         if disk_full_text(reason) or disk_full_text(detail):
@@ -466,7 +466,7 @@ class MlflowTrialCallback:
     ``figures_for`` (a study's name) the trial leaves its figures to that study's driver
     (`defers_figures`; `render_deferred_figures`); with ``retries_to`` (a study folder) the
     process it logs from records its retried requests there (`watch_retries`). ``inputs``: the
-    trial's datasets with their digests (`calibtune.study._lineage.trial_inputs`), logged by
+    trial's datasets with their digests (`calibtune.record._lineage.trial_inputs`), logged by
     `on_start` as the run's dataset inputs (once: MLflow keeps one input per dataset and digest).
     Picklable (it travels to the Ray Train worker); the client is created on use.
 

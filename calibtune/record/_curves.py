@@ -5,7 +5,7 @@ step=epoch)`` would have stored).
 The trials report to Tune, not to an Optuna trial (Ray's OptunaSearch keeps its own in-memory
 study), so the persisted Optuna trial is written once, when the Tune trial ends
 (`calibtune.study._optuna.record_trial`); its curve comes from MLflow, where every epoch is logged
-exactly once across restores (`calibtune.study._tracking.MlflowTrialCallback`). A curve is a
+exactly once across restores (`calibtune.record._tracking.MlflowTrialCallback`). A curve is a
 mapping ``epoch -> value``: an epoch appears once however often the trial was resumed.
 """
 
@@ -46,7 +46,7 @@ def objective_curves(
     every seed reached (`mean_curve`). Only those trials' runs are read (one search per trial
     and per trial's seeds): the driver calls this for the trials that just ended, at a cost
     that does not grow with the runs the study already has."""
-    from calibtune.study._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
+    from calibtune.record._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
 
     client, name = _client(uri), K.to_mlflow(metric)
     out: dict[str, dict[int, float]] = {}
