@@ -5,7 +5,9 @@ server as a command), with the standard AWS environment variables that point cli
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from calibtune.study._ui import free_port
@@ -54,11 +56,50 @@ class S3Server:
         self.server.stop()
 
 
-def start_s3() -> S3Server:
+def start_s3(wrap: Callable[[Any], Any] | None = None) -> S3Server:
+    """moto's server on a free port; ``wrap``: a WSGI layer put in front of moto's app (a
+    request log, a policy, a server bug), below everything calibtune does."""
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
+    if wrap is not None:  # werkzeug's server reads ``.app`` at each request
+        server._server.app = wrap(server._server.app)
     return S3Server(server, f"http://127.0.0.1:{port}")
+
+
+def bucket_study(
+    name: str,
+    tmp: Path,
+    storage: str = "s3://calib/studies",
+    *,
+    epochs: int = 2,
+    samples: int = 2,
+    optuna_in_tmp: bool = True,
+) -> dict[str, Any]:
+    """A small study of cross-entropy MLPs on digits stored in ``storage``, its MLflow (and,
+    with ``optuna_in_tmp``, its Optuna) SQLite under ``tmp``."""
+    search: dict[str, Any] = {
+        "sampler": "random",
+        "num_samples": samples,
+        "max_concurrent": 1,
+        "objectives": ["val/ece"],
+    }
+    if optuna_in_tmp:
+        search["optuna_storage"] = f"sqlite:///{tmp / 'optuna.db'}"
+    return {
+        "name": name,
+        "trial": {
+            "data": {"name": "digits", "ood": []},
+            "model": {"name": "mlp"},
+            "optimizer": {"lr": 0.05},
+            "train": {"epochs": epochs, "batch_size": 64, "checkpoint_every": 1},
+            "eval": {"posthoc": ["ts"], "figures": False},
+        },
+        "losses": ["cross_entropy"],
+        "search": search,
+        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
+        "storage": storage,
+    }

@@ -15,7 +15,7 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from _s3 import start_s3
+from _s3 import bucket_study, start_s3
 
 from calibtune.study._config import study_from_text
 from calibtune.study._optuna import (
@@ -50,25 +50,7 @@ def env(s3, monkeypatch, tmp_path: Path) -> dict[str, str]:
 
 
 def _raw(tmp: Path, name: str, samples: int = 2) -> dict:
-    return {
-        "name": name,
-        "trial": {
-            "data": {"name": "digits", "ood": []},
-            "model": {"name": "mlp"},
-            "optimizer": {"lr": 0.05},
-            "train": {"epochs": 1, "batch_size": 64, "checkpoint_every": 1},
-            "eval": {"posthoc": ["ts"], "figures": False},
-        },
-        "losses": ["cross_entropy"],
-        "search": {
-            "sampler": "random",
-            "num_samples": samples,
-            "max_concurrent": 1,
-            "objectives": ["val/ece"],
-        },
-        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
-        "storage": "s3://calib/studies",
-    }
+    return bucket_study(name, tmp, epochs=1, samples=samples, optuna_in_tmp=False)
 
 
 def _copy_in_bucket(s3, tmp: Path, name: str) -> list:

@@ -5,16 +5,13 @@ bucket's region is resolved once."""
 
 from __future__ import annotations
 
-import logging
-import threading
 from typing import Any
 
 import pytest
 
 from calibtune.storage import StorageError, open_storage
 from calibtune.storage import _storage as storage_module
-from calibtune.study._ui import free_port
-from tests._s3 import S3Server
+from tests._s3 import S3Server, start_s3
 
 _DENIED = (
     b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>AccessDenied</Code>'
@@ -22,45 +19,35 @@ _DENIED = (
 )
 
 
-def _scoped_server() -> tuple[S3Server, Any]:
+def _scoped_server() -> S3Server:
     """moto behind a policy of ``s3:*`` on ``calib/allowed/*`` only (and listing with that
     prefix): HeadBucket, other prefixes and whole-bucket listing answer 403."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    moto_app = DomainDispatcherApplication(create_backend_app)
     open_to_all = [True]  # while the test makes its bucket
 
-    def app(environ: dict[str, Any], start: Any) -> Any:
-        path, query = environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
-        allowed = path.startswith("/calib/allowed/") or (
-            path.rstrip("/") == "/calib" and "prefix=allowed%2F" in query
-        )
-        if not (open_to_all[0] or allowed):
-            start("403 Forbidden", [("Content-Type", "application/xml")])
-            return [] if environ["REQUEST_METHOD"] == "HEAD" else [_DENIED]
-        return moto_app(environ, start)
+    def wrap(moto_app: Any) -> Any:
+        def app(environ: dict[str, Any], start: Any) -> Any:
+            path, query = environ.get("PATH_INFO", ""), environ.get("QUERY_STRING", "")
+            allowed = path.startswith("/calib/allowed/") or (
+                path.rstrip("/") == "/calib" and "prefix=allowed%2F" in query
+            )
+            if not (open_to_all[0] or allowed):
+                start("403 Forbidden", [("Content-Type", "application/xml")])
+                return [] if environ["REQUEST_METHOD"] == "HEAD" else [_DENIED]
+            return moto_app(environ, start)
 
-    port = free_port()
-    server = make_server("127.0.0.1", port, app, True, request_handler=MotoRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    s3 = S3Server(server, f"http://127.0.0.1:{port}")
+        return app
+
+    s3 = start_s3(wrap)
     s3.client().create_bucket(Bucket="calib")
     open_to_all[0] = False
-    return s3, server
+    return s3
 
 
 @pytest.fixture(scope="module")
 def scoped():
-    s3, server = _scoped_server()
+    s3 = _scoped_server()
     yield s3
-    server.shutdown()
-    server.server_close()
+    s3.stop()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _s3 import start_s3
+from _s3 import bucket_study, start_s3
 from test_faults import _assert_nothing_lost, _kill_group, _start, _wait
 
 pytestmark = pytest.mark.slow
@@ -28,26 +28,7 @@ def s3():
 
 
 def _study(tmp: Path, name: str) -> Path:
-    raw = {
-        "name": name,
-        "trial": {
-            "data": {"name": "digits", "ood": []},
-            "model": {"name": "mlp"},
-            "optimizer": {"lr": 0.05},
-            "train": {"epochs": 2, "batch_size": 64, "checkpoint_every": 1},
-            "eval": {"posthoc": ["ts"], "figures": False},
-        },
-        "losses": ["cross_entropy"],
-        "search": {
-            "sampler": "random",
-            "num_samples": 2,
-            "max_concurrent": 1,
-            "objectives": ["val/ece"],
-            "optuna_storage": f"sqlite:///{tmp / 'optuna.db'}",
-        },
-        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
-        "storage": "s3://calib/studies",
-    }
+    raw = bucket_study(name, tmp)
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
     return path

@@ -11,14 +11,12 @@ the run's log and Ray's session folder are scanned for it.
 
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,11 +24,10 @@ from typing import Any
 
 import pytest
 import yaml
-from _s3 import S3Server
+from _s3 import S3Server, bucket_study, start_s3
 
 from calibtune.cli import main
 from calibtune.storage import StorageError, open_storage
-from calibtune.study._ui import free_port
 
 PLANTED = f"calibtune-planted-{uuid.uuid4().hex}"  # a secret no file has by chance
 
@@ -52,37 +49,23 @@ class _Logged(S3Server):
 
 
 def _start_logged() -> _Logged:
-    """moto's server (`ThreadedMotoServer`'s app) behind a middleware that logs each request
-    and answers CompleteMultipartUpload as moto 5.2.1 did."""
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    moto_app = DomainDispatcherApplication(create_backend_app)
+    """moto's server behind a middleware that logs each request and answers
+    CompleteMultipartUpload as moto 5.2.1 did."""
     log: list[tuple[str, str, str]] = []
 
-    def app(environ: dict[str, Any], start: Any) -> Any:
-        method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
-        log.append((method, environ.get("PATH_INFO", ""), query))
-        if method == "POST" and "uploadId=" in query:
-            start("200 OK", [("Content-Type", "application/xml")])
-            return [_COMPLETE_FAILS]
-        return moto_app(environ, start)
+    def wrap(moto_app: Any) -> Any:
+        def app(environ: dict[str, Any], start: Any) -> Any:
+            method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
+            log.append((method, environ.get("PATH_INFO", ""), query))
+            if method == "POST" and "uploadId=" in query:
+                start("200 OK", [("Content-Type", "application/xml")])
+                return [_COMPLETE_FAILS]
+            return moto_app(environ, start)
 
-    port = free_port()
-    server = make_server("127.0.0.1", port, app, True, request_handler=MotoRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+        return app
 
-    class _Stop:
-        def stop(self) -> None:
-            server.shutdown()
-            server.server_close()
-
-    return _Logged(_Stop(), f"http://127.0.0.1:{port}", log)
+    server = start_s3(wrap)
+    return _Logged(server.server, server.endpoint, log)
 
 
 @pytest.fixture(scope="module")
@@ -179,26 +162,7 @@ def test_query_and_credentials_in_a_uri_are_refused(given: str, phrase: str) -> 
 
 
 def _study_raw(name: str, tmp: Path, storage: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "trial": {
-            "data": {"name": "digits", "ood": []},
-            "model": {"name": "mlp"},
-            "optimizer": {"lr": 0.05},
-            "train": {"epochs": 2, "batch_size": 64, "checkpoint_every": 1},
-            "eval": {"posthoc": ["ts"], "figures": False},
-        },
-        "losses": ["cross_entropy"],
-        "search": {
-            "sampler": "random",
-            "num_samples": 2,
-            "max_concurrent": 1,
-            "objectives": ["val/ece"],
-            "optuna_storage": f"sqlite:///{tmp / 'optuna.db'}",
-        },
-        "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": name},
-        "storage": storage,
-    }
+    return bucket_study(name, tmp, storage)
 
 
 def _holding(root: Path, secret: bytes) -> list[str]:
