@@ -117,8 +117,8 @@ def main() -> int:
 
     import ray
 
+    from calibtune.cluster._raycluster import init_ray
     from calibtune.study import run_study
-    from calibtune.study._raycluster import init_ray
 
     assert Path(sys.modules["calibtune"].__file__).is_relative_to(checkout), "calibtune"
 

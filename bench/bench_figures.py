@@ -6,7 +6,7 @@ asked in turn, ``--rounds`` times, to draw
 - **trial**: `calibtune.plots.save_trial_figures` on a copy of ``--artifacts`` (a trial's
   artifacts folder: reliability/gamma/ROC/shift/risk–coverage data), what the driver does per
   trial (`render_deferred_figures`);
-- **study**: `calibtune.study._summary._figures` (objective history, ECE vs every searched
+- **study**: `calibtune.readers._summary._figures` (objective history, ECE vs every searched
   parameter, importances from an in-memory Optuna study) on ``--trials`` synthetic trials with
   quickstart's 10 searched parameters, what a refresh of the parent run draws.
 Each answer is the worker's wall and CPU time (``time.process_time``) for the call and the time
@@ -46,7 +46,7 @@ def _study_inputs(n: int) -> tuple[Any, Any, Any]:
     import optuna
     import pandas as pd
 
-    from calibtune.study._results import StudyRef
+    from calibtune.readers._results import StudyRef
 
     rng = np.random.default_rng(0)
     names = [f"{loss}.p{i}" for loss in ("focal", "dual_focal", "adafocal") for i in range(3)]
@@ -89,7 +89,7 @@ def worker(artifacts: str, trials: int, heavy: bool) -> None:
         import ray.tune  # noqa: F401
         import torch  # noqa: F401
     from calibtune.plots import save_trial_figures
-    from calibtune.study._summary import _figures
+    from calibtune.readers._summary import _figures
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="bench-figures-") as t:
@@ -154,10 +154,10 @@ def refresh_rounds(store: Path, rounds: int) -> None:
     the summary again: pass a copy, or the folder of a run made for the bench)."""
     from mlflow.tracking import MlflowClient
 
+    from calibtune.readers._summary import rdb_storage, refresh_summary
+    from calibtune.record._optuna import open_optuna_study
     from calibtune.record._tracking import TAG_KIND
-    from calibtune.study._config import load_study
-    from calibtune.study._optuna import open_optuna_study
-    from calibtune.study._summary import rdb_storage, refresh_summary
+    from calibtune.studyfile._config import load_study
 
     uri, sd = (
         f"sqlite:///{store / 'mlflow.db'}",

@@ -123,8 +123,8 @@ def bench_trial(tmp: Path, loss: str, epochs: int, runs: int = 5) -> list[dict[s
     (``figures_for``, what a study does), alternated; the driver's drawing is timed apart."""
     from calibtune import trial as T
     from calibtune.record import _tracking as TR
-    from calibtune.study._config import load_study
     from calibtune.study._trainable import trial_dict
+    from calibtune.studyfile._config import load_study
 
     raw = _quickstart_raw()
     raw["trial"]["train"]["epochs"] = epochs
@@ -310,9 +310,9 @@ _RAY_START: dict[str, float] = {}
 def bench_study(tmp: Path, samples: int, epochs: int, reuse: bool = True) -> dict[str, float]:
     """One study; Ray is started by the first call in a process (its start-up counted then),
     the later calls find it running and count the first call's start-up again."""
-    from calibtune.study._config import load_study
-    from calibtune.study._raycluster import init_ray
+    from calibtune.cluster._raycluster import init_ray
     from calibtune.study._search import run_study
+    from calibtune.studyfile._config import load_study
 
     raw = _quickstart_raw(num_samples=samples, max_concurrent=2, reuse_actors=reuse)
     raw["name"] = f"bench_overhead_study_{'reuse' if reuse else 'fresh'}"

@@ -165,8 +165,8 @@ MEASURED_CODE = (
     "calibtune/training/*.py",
     "calibtune/trial/*.py",
     "calibtune/_registry.py",
-    "calibtune/study/_config.py",
-    "calibtune/study/_spaces.py",
+    "calibtune/studyfile/_config.py",
+    "calibtune/studyfile/_spaces.py",
     "calibtune/study/_trainable.py",
     "studies/results/*.yaml",
 )
@@ -364,8 +364,8 @@ def inverse_focal_bins(artifacts: Path) -> int:
 
 def collect(dataset: str, study_yaml: Path, storage: Path, tracking_uri: str) -> StudyData:
     """Read one finished study back (MLflow through calibtune.study, and each seed's artifacts)."""
+    from calibtune.readers._results import format_table
     from calibtune.study import StudyDir, locate_study, report_table, trials_frame
-    from calibtune.study._results import format_table
 
     ref = locate_study(study_yaml, storage, tracking_uri)
     frame = trials_frame(ref)

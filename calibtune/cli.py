@@ -1,7 +1,7 @@
 """Command line: ``calibtune <subcommand>`` (argument parsing only; the work is in the library).
 
 Subcommands: ``train`` (one trial outside any search, here) and the study service's run, submit,
-resume, status, logs, compare, report, export and ui (`calibtune.study._cli`).
+resume, status, logs, compare, report, export and ui (`calibtune.commands._study`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from calibtune._data_cli import DATA
 from calibtune._lazy import exit_without_teardown, gc_paused
 from calibtune._provenance import installed_versions, read_provenance, version_drift
 from calibtune._usage import UsageError, bad_input_message
+from calibtune.cluster import check_storage, init_ray, quiet_output
+from calibtune.commands import COMMANDS as STUDY_COMMANDS
 from calibtune.metrics import keys as K
-from calibtune.study._cli import COMMANDS as STUDY_COMMANDS
-from calibtune.study._display import quiet_output, train_progress
-from calibtune.study._preflight import check_storage
-from calibtune.study._raycluster import init_ray
+from calibtune.study import train_progress
 
 # Lazy: `calibtune.trial` (torch, Ray) is imported by `train` alone, so that `calibtune --help`
 # and the study subcommands start in a fraction of a second (bench/bench_cli.py).

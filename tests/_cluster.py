@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from calibtune.study._ui import free_port
+from calibtune.readers._ui import free_port
 
 RAY = str(Path(sys.executable).parent / "ray")
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibtune.study._ui import free_port
+from calibtune.readers._ui import free_port
 
 
 @dataclass

@@ -139,3 +139,15 @@ def ray_session() -> Iterator[None]:
     yield
     if started:
         ray.shutdown()
+
+
+@pytest.fixture
+def ray_down() -> None:
+    """No Ray in this process before the test, so that its ``not ray.is_initialized()`` proves
+    the code under test started none: the `ray_session` unit, which runs first on its worker
+    (`FIRST`), leaves its instance up until the session ends."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()

@@ -1,8 +1,9 @@
 """The import graph of calibtune/ has no circle and no arrow up the layers, counting every
 import a reader could miss: function-local ones and those under ``if TYPE_CHECKING``.
 
-Layers, top to bottom (docs/architecture.md): entry points → study → record → trial → training →
-losses, posthoc, data, models, plots → metrics → ``_io`` → storage → shared helpers."""
+Layers, top to bottom (docs/architecture.md): entry points (cli, commands) → study (the driver) →
+cluster, readers → record → studyfile → trial → training → losses, posthoc, data, models, plots →
+metrics → ``_io`` → storage → shared helpers."""
 
 from __future__ import annotations
 
@@ -14,12 +15,16 @@ PACKAGE = ROOT / "calibtune"
 
 #: a module's layer: the longest prefix listed wins; a module may import its own layer or lower
 LAYERS = {
-    "calibtune.cli": 10,
-    "calibtune.__main__": 11,
-    "calibtune._data_cli": 9,
-    "calibtune.demo": 9,
-    "calibtune.study": 8,
-    "calibtune.record": 7,
+    "calibtune.cli": 13,
+    "calibtune.__main__": 14,
+    "calibtune.commands": 12,
+    "calibtune._data_cli": 12,
+    "calibtune.demo": 12,
+    "calibtune.study": 11,
+    "calibtune.cluster": 10,
+    "calibtune.readers": 10,
+    "calibtune.record": 9,
+    "calibtune.studyfile": 8,
     "calibtune.trial": 6,
     "calibtune.training": 5,
     "calibtune.losses": 4,

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from calibtune.cluster._concurrency import auto_limit, cluster_slots, seed_footprint
+from calibtune.cluster._raycluster import parse_duration, trial_demand, wait_for_nodes
 from calibtune.study import load_study
-from calibtune.study._concurrency import auto_limit, cluster_slots, seed_footprint
-from calibtune.study._config import StudyError, study_from_text
-from calibtune.study._raycluster import parse_duration, trial_demand, wait_for_nodes
+from calibtune.studyfile._config import StudyError, study_from_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER_STUDIES = sorted(  # the papers' studies: a year in the name, and FCL's (fcl_gamma_lambda: a

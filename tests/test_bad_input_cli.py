@@ -60,7 +60,7 @@ def crafted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path | str]:
     child run (`ChildRun`) that failed."""
     from calibtune.record._tracking import ChildRun, open_study_run
     from calibtune.study import StudyDir, load_study
-    from calibtune.study._studydir import StudyState
+    from calibtune.studyfile._studydir import StudyState
 
     root = tmp_path_factory.mktemp("crafted")
     path = root / "tiny.yaml"
@@ -488,7 +488,7 @@ def _fill(text: str, values: dict[str, str]) -> str:
 
 def _bad_study_folders(work: Path, crafted: dict[str, Path | str]) -> None:
     """A study folder whose state file is not JSON; one with a fake tuner.pkl."""
-    from calibtune.study._studydir import STATE_FILE
+    from calibtune.studyfile._studydir import STATE_FILE
 
     corrupt = work / "corrupt"
     shutil.copytree(crafted["study"], corrupt)
@@ -595,8 +595,8 @@ def test_unreachable_address_or_server_answers_in_seconds(
     processes per core, Python start-up and importing torch alone can take longer, so there
     the bound is 60 s, and the check's own time is measured apart: the preflight call takes at
     most ``budget`` s (the TCP connect or HTTP timeout)."""
+    from calibtune.cluster._preflight import preflight_run
     from calibtune.study import load_study
-    from calibtune.study._preflight import preflight_run
 
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(STUDY))
     proc, took = _calibtune(["run", "s.yaml", flag, value], tmp_path, timeout=120)
@@ -705,7 +705,7 @@ def http_server() -> Iterator[tuple[str, list[str]]]:
 
 
 def test_http_tracking_uri_must_be_an_mlflow_server(http_server: tuple[str, list[str]]) -> None:
-    from calibtune.study._preflight import check_tracking_uri
+    from calibtune.cluster._preflight import check_tracking_uri
 
     url, healthy = http_server
     with pytest.raises(
@@ -730,14 +730,14 @@ def test_http_tracking_uri_must_be_an_mlflow_server(http_server: tuple[str, list
     ],
 )
 def test_tracking_uri_rejections(uri: str, match: str) -> None:
-    from calibtune.study._preflight import check_tracking_uri
+    from calibtune.cluster._preflight import check_tracking_uri
 
     with pytest.raises(ValueError, match=match):
         check_tracking_uri(uri.replace("{closed}", str(_closed_port())), "--tracking-uri")
 
 
 def test_tracking_uris_accepted_without_writing(tmp_path: Path) -> None:
-    from calibtune.study._preflight import check_tracking_uri
+    from calibtune.cluster._preflight import check_tracking_uri
 
     check_tracking_uri("databricks", "k")
     check_tracking_uri(f"sqlite:///{tmp_path}/new/dir/mlflow.db", "k")  # MLflow creates folders
@@ -750,7 +750,7 @@ def test_tracking_uris_accepted_without_writing(tmp_path: Path) -> None:
 def test_free_space_threshold_comes_from_the_environment(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from calibtune.study._preflight import check_storage
+    from calibtune.cluster._preflight import check_storage
 
     free = shutil.disk_usage(tmp_path).free / 2**20
     monkeypatch.setenv("CALIBTUNE_MIN_FREE_MB", str(int(free * 4) + 1))

@@ -20,6 +20,9 @@ import yaml
 
 from calibtune.cli import main
 
+# a Ray left up by the `ray_session` unit on this worker would hide one these refusals started
+pytestmark = pytest.mark.usefixtures("ray_down")
+
 STUDY: dict[str, Any] = {
     "name": "bad",
     "trial": {

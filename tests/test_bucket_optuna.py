@@ -17,8 +17,7 @@ import pytest
 import yaml
 from _s3 import bucket_study, start_s3
 
-from calibtune.study._config import study_from_text
-from calibtune.study._optuna import (
+from calibtune.record._optuna import (
     OPTUNA_FILE,
     backup_sqlite,
     load_sqlite_copy,
@@ -26,7 +25,8 @@ from calibtune.study._optuna import (
     pull_optuna_copy,
     push_optuna_copy,
 )
-from calibtune.study._studydir import StudyDir, StudyDirError
+from calibtune.studyfile._config import study_from_text
+from calibtune.studyfile._studydir import StudyDir, StudyDirError
 
 DONE = {"calibtune/done": 1, "val/ece": 0.1}
 
@@ -215,7 +215,7 @@ def test_a_failed_upload_is_a_warning_and_is_sent_again(s3, env, tmp_path: Path)
 def test_a_study_on_a_disk_or_naming_a_server_gets_no_copy(s3, env, tmp_path: Path) -> None:
     """The copy is for a bucket study's SQLite alone: on a disk ``optuna.db`` is in the study
     folder already; a named ``search.optuna_storage`` is the study's record."""
-    from calibtune.study._optuna import optuna_copy_callbacks
+    from calibtune.record._optuna import optuna_copy_callbacks
     from calibtune.study._search import optuna_storage_url
 
     on_disk = study_from_text(yaml.safe_dump(_raw(tmp_path, "disk")), "unit")

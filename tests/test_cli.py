@@ -169,7 +169,7 @@ def test_submit_leaves_the_datasets_out_but_ships_the_whole_package():
     # run outputs stay behind, every file of calibtune/ travels (calibtune/data included)
     from ray._private.runtime_env.packaging import _get_excludes
 
-    from calibtune.study._jobs import JOB_EXCLUDES
+    from calibtune.cluster._jobs import JOB_EXCLUDES
 
     root = Path(__file__).resolve().parents[1]
     excluded = _get_excludes(root, list(JOB_EXCLUDES))

@@ -53,7 +53,7 @@ def _heavy_after(argvs: list[list[str]], forbidden: tuple[str, ...], cwd: Path) 
 @pytest.mark.timeout(300)
 def test_help_of_every_subcommand_imports_nothing_heavy(tmp_path: Path) -> None:
     from calibtune.cli import SUBCOMMANDS
-    from calibtune.study._cli import COMMANDS
+    from calibtune.commands._study import COMMANDS
 
     argvs = [["--help"]] + [[name, "--help"] for name in {**SUBCOMMANDS, **COMMANDS}]
     assert _heavy_after(argvs, PARSING_FORBIDDEN, tmp_path) == []
@@ -72,7 +72,7 @@ def _finished_study(root: Path, config: bool = True) -> tuple[Path, str]:
         open_study_run,
     )
     from calibtune.study import StudyDir, load_study
-    from calibtune.study._studydir import StudyState
+    from calibtune.studyfile._studydir import StudyState
 
     study = {
         "name": "fast",
@@ -125,8 +125,8 @@ def test_compare_report_export_read_a_study_without_torch_or_ray(tmp_path: Path)
 
 
 def test_read_head_takes_name_and_objectives_without_validating_the_rest(tmp_path: Path) -> None:
-    from calibtune.study._config import StudyError
-    from calibtune.study._studydir import STUDY_COPY, StudyDir
+    from calibtune.studyfile._config import StudyError
+    from calibtune.studyfile._studydir import STUDY_COPY, StudyDir
 
     sd = StudyDir.at("fast", tmp_path)
     sd.path.mkdir(parents=True)
@@ -201,7 +201,7 @@ def test_only_the_one_shot_commands_run_with_the_collector_paused(
 def test_tables_from_the_commands_one_query_equal_the_tables_read_alone(tmp_path: Path) -> None:
     """compare/report/export read the trials once and hand them to every table; the tables (and
     export's refusals) are those each function reads on its own (the failed trial included)."""
-    from calibtune.study._results import (
+    from calibtune.readers._results import (
         best_trials,
         compare_table,
         locate_study,

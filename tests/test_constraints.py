@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibtune.study._config import StudyError, parse_study
-from calibtune.study._constraints import Constraint, baseline_values, judge, violations
+from calibtune.studyfile._config import StudyError, parse_study
+from calibtune.studyfile._constraints import Constraint, baseline_values, judge, violations
 
 BASE = {
     "name": "cons",
@@ -135,8 +135,8 @@ def test_violations_follow_optunas_convention():
 def test_the_searcher_sets_optuna_constraints_before_telling(sampler):
     """Ray Tune's searcher (driven by hand, no Tune run) gives each ended trial its constraint
     values as Optuna trial constraints, the relative one from the baseline's best so far."""
+    from calibtune.record._optuna import define_by_run, make_sampler
     from calibtune.study._constrained import ConstrainedOptunaSearch
-    from calibtune.study._optuna import define_by_run, make_sampler
 
     raw = copy.deepcopy(BASE)
     raw["losses"] = ["cross_entropy"]
@@ -234,7 +234,7 @@ def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained, 
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
-    from calibtune.study._results import compare_table, locate_study
+    from calibtune.readers._results import compare_table, locate_study
 
     ref = locate_study(constrained.storage)
     runs = MlflowClient(constrained.tracking_uri).search_runs(
@@ -279,7 +279,7 @@ def test_infeasible_trials_are_marked_in_mlflow_optuna_and_compare(constrained, 
 def test_export_picks_the_best_feasible_trial(constrained, tmp_path):
     import dataclasses
 
-    from calibtune.study._results import compare_table, export_best, locate_study
+    from calibtune.readers._results import compare_table, export_best, locate_study
 
     ref = locate_study(constrained.storage)
     table = compare_table(ref)  # sorted by val/ece, best first

@@ -47,6 +47,9 @@ from calibtune.data._verify import STATE_DIR
 from tests.test_data import write_cifar10, write_tiny_imagenet
 from tests.test_data_ood import write_cifar10c, write_svhn
 
+# a Ray left up by the `ray_session` unit on this worker would hide one these refusals started
+pytestmark = pytest.mark.usefixtures("ray_down")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -41,7 +41,7 @@ def test_digits_inputs_per_context_seed_and_cache():
 def _fake_study(tmp_path, test_digests: dict[str, str]):
     """A study folder whose trials (cross_entropy t0, focal t1) logged these test digests."""
     from calibtune.record._lineage import log_data_inputs
-    from calibtune.study._studydir import StudyDir, StudyState
+    from calibtune.studyfile._studydir import StudyDir, StudyState
 
     study = _study_file(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -117,9 +117,9 @@ def test_the_study_end_renders_what_a_dead_driver_left(
 ) -> None:
     """A resumed study whose first driver died before drawing: Tune calls its progress
     callback's ``setup``, and `drain_summaries` (after ``Tuner.fit``) draws the figures."""
-    from calibtune.study._config import load_study
     from calibtune.study._progress import _progress, drain_summaries
     from calibtune.study._trainable import StudyPayload
+    from calibtune.studyfile._config import load_study
 
     study = load_study(Path(__file__).parents[1] / "studies" / "quickstart.yaml")
     run_id, _ = _tagged_copy(trial, tmp_path, study=study.name)

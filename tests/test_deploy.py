@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from calibtune.study._deploy import EXAMPLE, example_spec, pins, render
+from calibtune.cluster._deploy import EXAMPLE, example_spec, pins, render
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -18,7 +18,7 @@ DEPLOY = ROOT / "deploy"
 def test_the_recipes_are_current() -> None:
     for name, text in render().items():
         assert (DEPLOY / name).read_text() == text, (
-            f"deploy/{name} is stale: python -m calibtune.study._deploy"
+            f"deploy/{name} is stale: python -m calibtune.cluster._deploy"
         )
 
 

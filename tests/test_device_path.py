@@ -316,8 +316,8 @@ ALLOWED = {
     "calibtune/posthoc/_temperature.py::_beta": "a Python T becomes a 0-dim scalar, which "
     "PyTorch combines with tensors on any device; a tensor T keeps its device",
     "calibtune/posthoc/_temperature.py::TemperatureScaling._configure": "module construction",
-    "calibtune/study/_paired.py::_resampled": "driver-side report on host tables",
-    "calibtune/study/_paired.py::_paired_rows": "driver-side report on host tables",
+    "calibtune/readers/_paired.py::_resampled": "driver-side report on host tables",
+    "calibtune/readers/_paired.py::_paired_rows": "driver-side report on host tables",
     "calibtune/training/_batches.py::epoch_index_batches": "a seeded CPU permutation gives the "
     "same batches on every device and world size; DeviceBatches uploads it once per epoch",
     "calibtune/training/_batches.py::infer_logits": "row indices; uploaded once per pass",

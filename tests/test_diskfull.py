@@ -1,4 +1,4 @@
-"""The full-disk adapter (`calibtune.study._diskfull`) on its own: Tune's storage file system
+"""The full-disk adapter (`calibtune.studyfile._diskfull`) on its own: Tune's storage file system
 keeps the last complete file when a write hits ENOSPC, and says so; Ray's consequent log lines
 are dropped; the stop is one line with exit code 75. The study-level fault test (a real tmpfs
 filled mid-study, then `resume`) is `tests/test_faults.py`."""
@@ -21,7 +21,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from calibtune.storage import _local as L
-from calibtune.study import _diskfull as D
+from calibtune.studyfile import _diskfull as D
 
 
 @pytest.fixture(autouse=True)
@@ -137,7 +137,7 @@ def test_ray_and_mlflow_lines_caused_by_the_full_disk_are_dropped():
 
 
 def test_storage_full_exit_code_and_one_line(tmp_path, capsys):
-    from calibtune.study._cli import _exit_code
+    from calibtune.commands._study import _exit_code
 
     line = D.full_message(tmp_path)
     outcome = SimpleNamespace(storage_full=True, stopped_by=line, storage=tmp_path)
@@ -157,7 +157,7 @@ def test_a_real_full_tmpfs_keeps_the_old_file(tmp_path):
         f"""
         import pyarrow.fs as pafs
         from pathlib import Path
-        from calibtune.study import _diskfull as D
+        from calibtune.studyfile import _diskfull as D
         fs, src, dst = D.atomic_filesystem(), Path({str(tmp_path / "src")!r}), Path({str(mnt)!r})
         src.mkdir()
         fs.create_dir(str(dst / "s"), recursive=True)

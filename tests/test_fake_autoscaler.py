@@ -33,7 +33,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibtune.study._raycluster import runs_node_types
+from calibtune.cluster._raycluster import runs_node_types
 from tests.test_autoscale import _study
 
 # ------------------------------------------------------------------ the autoscaler's status
@@ -220,7 +220,7 @@ def _alive_nodes(address: str) -> list[dict]:
     `ray.init` in this process would present the first cluster's cached auth token."""
     code = (
         "import json, ray\n"
-        "from calibtune.study._raycluster import client_token_auth\n"
+        "from calibtune.cluster._raycluster import client_token_auth\n"
         "client_token_auth()\n"
         f"ray.init(address={address!r}, log_to_driver=False)\n"
         "print(json.dumps([n for n in ray.nodes() if n['Alive']], default=str))\n"

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from calibtune.study._ui import free_port
+from calibtune.readers._ui import free_port
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -144,7 +144,7 @@ def test_slots_are_read_from_the_cluster_at_most_every_few_seconds() -> None:
 
 NO_RAY = """
 import ray
-from calibtune.study._config import study_from_text
+from calibtune.studyfile._config import study_from_text
 from calibtune.study._display import study_slots
 study = study_from_text("name: s\\nlosses: [cross_entropy]", "s")
 assert study_slots(study)() is None
@@ -164,7 +164,7 @@ def test_without_a_connected_ray_the_line_goes_on_without_slots() -> None:
 LATE_RESULT = """
 import sys
 if sys.argv[1] == "quiet":
-    from calibtune.study._display import quiet_output
+    from calibtune.cluster._quiet import quiet_output
     quiet_output()
 from ray import tune
 from ray.tune.search.optuna import OptunaSearch

@@ -19,7 +19,7 @@ import yaml
 import calibtune.losses.functional as F_cal
 from calibtune.cli import main
 from calibtune.losses import LOSSES, MixedTargets, build_loss, mixup_batch
-from calibtune.study._spaces import load_loss_space
+from calibtune.studyfile._spaces import load_loss_space
 from calibtune.training import _loop as loop
 
 MIXUP = sorted(n for n in LOSSES.names() if hasattr(LOSSES.get(n).factory, "batch_transform"))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from calibtune.study import _nodes as N
-from calibtune.study._studydir import STATE_FILE
+from calibtune.cluster import _nodes as N
+from calibtune.studyfile._studydir import STATE_FILE
 
 
 @pytest.fixture(autouse=True)

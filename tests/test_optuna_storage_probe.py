@@ -20,10 +20,13 @@ import pytest
 import yaml
 
 from calibtune.cli import main
+from calibtune.cluster._preflight import check_optuna_storage
+from calibtune.record._optuna import STUDY_ID_ATTR, bind_study, found_study
 from calibtune.study import load_study
-from calibtune.study._optuna import STUDY_ID_ATTR, bind_study, found_study
-from calibtune.study._preflight import check_optuna_storage
-from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
+from calibtune.studyfile._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
+
+# a Ray left up by the `ray_session` unit on this worker would hide one these refusals started
+pytestmark = pytest.mark.usefixtures("ray_down")
 
 PG_URL = os.environ.get("CALIBTUNE_TEST_PG_URL")
 STUDY = {

@@ -102,8 +102,8 @@ def test_auto_concurrency_reads_the_cluster(ray_session):
     import ray
     from ray.tune.search import Searcher
 
-    from calibtune.study._concurrency import AutoConcurrency, slot_usage
-    from calibtune.study._config import study_from_text
+    from calibtune.cluster._concurrency import AutoConcurrency, slot_usage
+    from calibtune.studyfile._config import study_from_text
 
     cpus = int(ray.cluster_resources()["CPU"])  # 2 here
     limiter = AutoConcurrency(Searcher(), {"CPU": 1.0}, 1)
@@ -175,7 +175,7 @@ def test_a_seed_whose_process_dies_is_retried_with_its_trial(tmp_path):
 SEED_PROCESSES = """
 import os
 import ray
-from calibtune.study._config import study_from_text
+from calibtune.studyfile._config import study_from_text
 from calibtune.study._trainable import seed_remote, seed_task_options
 
 ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False)
@@ -238,8 +238,8 @@ def test_a_trial_process_opens_its_run_and_declares_its_seeds_without_torch(tmp_
     import subprocess
     import sys
 
-    from calibtune.study._config import study_from_text
     from calibtune.study._trainable import StudyPayload
+    from calibtune.studyfile._config import study_from_text
 
     text = "name: s\nlosses: [{name: fcl, params: {gamma: 2.5}}]\nsearch: {seeds: [1, 2]}\n"
     study = study_from_text(text, "s")

@@ -112,8 +112,8 @@ def test_train_refuses_what_this_machine_cannot_hold_before_ray_starts(
 
 
 def test_a_fitting_study_passes_the_machine_check() -> None:
-    from calibtune.study._config import study_from_text
-    from calibtune.study._preflight import check_machine
+    from calibtune.cluster._preflight import check_machine
+    from calibtune.studyfile._config import study_from_text
 
     text = yaml.safe_dump(
         {
@@ -140,7 +140,7 @@ def test_resume_refuses_what_this_machine_cannot_hold_before_ray_starts(
     than this machine has: `resume` says so in one line and changes nothing there."""
     from calibtune.cli import main
     from calibtune.study import load_study
-    from calibtune.study._studydir import StudyDir, StudyState
+    from calibtune.studyfile._studydir import StudyDir, StudyState
 
     study = load_study(_study(tmp_path, {"num_workers": MANY}))
     sd = StudyDir.at(study.name, tmp_path / "studies")

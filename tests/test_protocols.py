@@ -331,8 +331,8 @@ def test_submit_commands_pass_submits_checks_up_to_the_cluster(monkeypatch, caps
     fetches exactly the sets the study reads into the absolute root, then runs the study."""
     import shlex
 
-    import calibtune.study._cli as study_cli
-    import calibtune.study._preflight as preflight
+    import calibtune.cluster._preflight as preflight
+    import calibtune.commands._study as study_cli
     from calibtune.cli import main
     from calibtune.data import sets_read_by
 

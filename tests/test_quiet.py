@@ -10,13 +10,12 @@ import sys
 
 import pytest
 
-from calibtune._raysettings import train_runtime_env
-from calibtune.study._display import QUIET_ENV
-from calibtune.study._jobs import job_output, job_spec
+from calibtune._raysettings import QUIET_ENV, train_runtime_env
+from calibtune.cluster._jobs import job_output, job_spec
 
 SCRIPT = """
 import json, optuna, warnings
-from calibtune.study._display import quiet_output
+from calibtune.cluster._quiet import quiet_output
 quiet_output()
 from mlflow.environment_variables import MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR as BAR
 optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -65,7 +64,7 @@ CRASH = """
 import sys, time
 import ray
 from ray._private.utils import publish_error_to_driver
-from calibtune.study._raycluster import init_ray
+from calibtune.cluster._raycluster import init_ray
 
 init_ray(None, num_cpus=1, verbose=sys.argv[1] == "verbose")
 job = ray.JobID(bytes.fromhex(ray.get_runtime_context().get_job_id()))

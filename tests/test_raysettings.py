@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from calibtune._raysettings import TRAIN_ENV, apply_train_env, train_runtime_env
-from calibtune.study._display import QUIET_ENV
+from calibtune._raysettings import QUIET_ENV, TRAIN_ENV, apply_train_env, train_runtime_env
 
 
 @pytest.fixture
@@ -116,7 +115,7 @@ def test_a_single_trial_on_a_cluster_gives_ray_its_address(
 KEEP_IDLE = """
 import os, time
 import ray
-from calibtune.study._raycluster import init_ray
+from calibtune.cluster._raycluster import init_ray
 
 init_ray(None, num_cpus=2, verbose=False)
 

@@ -27,7 +27,7 @@ import yaml
 from _cluster import Cluster
 from _s3 import start_s3
 
-from calibtune.study._ui import free_port, stop_ui
+from calibtune.readers._ui import free_port, stop_ui
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[1]

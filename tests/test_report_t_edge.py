@@ -9,8 +9,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from calibtune.readers._results import StudyRef, _report_row, grid_ends, t_grid_ends
 from calibtune.record._tracking import TAG_T_GRID_ENDS
-from calibtune.study._results import StudyRef, _report_row, grid_ends, t_grid_ends
 
 ROOT = Path(__file__).resolve().parents[1]
 ENDS = {"ts": (0.1, 10.0), "focal_ts": (0.01, 5.0)}

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
+from calibtune.record._optuna import flat_params
 from calibtune.record._tracking import (
     PARENT,
     TAG_KIND,
@@ -22,10 +23,9 @@ from calibtune.record._tracking import (
     experiment_id,
     log_metrics,
 )
-from calibtune.study._config import load_study
-from calibtune.study._optuna import flat_params
 from calibtune.study._progress import _refresher, drain_summaries
 from calibtune.study._trainable import StudyPayload
+from calibtune.studyfile._config import load_study
 
 
 def _trial(client: MlflowClient, uri: str, exp: str, parent: str, i: int) -> tuple:

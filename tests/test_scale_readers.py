@@ -12,6 +12,7 @@ from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param, RunT
 from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 from mlflow.tracking import MlflowClient
 
+from calibtune.readers._results import StudyRef, trials_frame
 from calibtune.record._lineage import data_columns
 from calibtune.record._tracking import (
     PARENT,
@@ -24,7 +25,6 @@ from calibtune.record._tracking import (
     find_run_values,
     find_runs,
 )
-from calibtune.study._results import StudyRef, trials_frame
 
 
 def _store(tmp_path, trials: int) -> tuple[str, str, str]:

@@ -294,7 +294,7 @@ def test_study_validation_refuses_test_side_shift_objectives(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from calibtune.cli import main
-    from calibtune.study._config import study_from_text
+    from calibtune.studyfile._config import study_from_text
 
     assert study_from_text(_study_text("val_shift/digits_noise/s3/nll@ts"), "s.yaml")
     with pytest.raises(
@@ -403,7 +403,7 @@ def test_a_study_selecting_on_val_shift_turns_on_epoch_shift() -> None:
 
 
 def test_the_parent_runs_best_key_keeps_the_shift_set_and_severity() -> None:
-    from calibtune.study._summary import best_key
+    from calibtune.readers._summary import best_key
 
     assert best_key("val/ece@ts") == "study/best_val_ece@ts"
     assert best_key("val_shift/digits_noise/ece@ts") == "study/best_val_shift_digits_noise_ece@ts"

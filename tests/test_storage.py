@@ -18,6 +18,7 @@ import torch
 import yaml
 from _s3 import S3Server, start_s3
 
+from calibtune.readers._ui import free_port
 from calibtune.storage import (
     Storage,
     StorageError,
@@ -25,7 +26,6 @@ from calibtune.storage import (
     hold_lock,
     open_storage,
 )
-from calibtune.study._ui import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

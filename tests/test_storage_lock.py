@@ -26,7 +26,7 @@ import pytest
 from _s3 import start_s3
 
 from calibtune.storage import Storage, StorageError, StorageLockedError, hold_lock, open_storage
-from calibtune.study._studydir import StudyDir, StudyLockedError
+from calibtune.studyfile._studydir import StudyDir, StudyLockedError
 
 BUCKET = "locks"
 LEASE_S = 3.0
@@ -345,8 +345,8 @@ def test_a_lost_lease_stops_the_study_the_way_a_full_disk_does(env: Stores, monk
     (SIGUSR1) at its next step, as for a full disk; the block ends without an error."""
     import signal
 
-    from calibtune.study._diskfull import stop_reason, storage_full
     from calibtune.study._progress import _storage_guard
+    from calibtune.studyfile._diskfull import stop_reason, storage_full
 
     sd = StudyDir.at("stops", env.storage(f"s3://{BUCKET}/{uuid.uuid4().hex[:8]}", 0, monkeypatch))
     guard = _storage_guard(sd.path)

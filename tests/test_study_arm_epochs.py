@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from calibtune.study import load_study
-from calibtune.study._config import StudyError, parse_study
 from calibtune.study._trainable import trial_dict
+from calibtune.studyfile._config import StudyError, parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 WRN = ["mukhoti2020_ood_wrn26_10_cifar10.yaml", "ghosh2022_adafocal_ood_wrn26_10_cifar10.yaml"]

@@ -10,8 +10,8 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 
 from calibtune.cli import main
 from calibtune.losses import LOSSES
+from calibtune.record._optuna import define_by_run
 from calibtune.study import StudyError, load_loss_space, load_study
-from calibtune.study._optuna import define_by_run
 from calibtune.study._trainable import trial_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,7 +278,7 @@ def test_reuse_actors_defaults_to_true_and_can_be_turned_off(tmp_path):
 
 def test_an_arm_reduction_reaches_its_trials_and_the_saved_study(tmp_path):
     # issue 22, item 1: losses[i].reduction is the trial's loss.reduction for that arm only
-    from calibtune.study._studydir import self_contained
+    from calibtune.studyfile._studydir import self_contained
     from calibtune.trial import config_from_dict
 
     raw = _with("losses", ["cross_entropy", {"name": "focal", "reduction": "sum"}])
@@ -296,7 +296,7 @@ def test_an_arm_reduction_reaches_its_trials_and_the_saved_study(tmp_path):
 def test_an_arm_compile_mode_reaches_its_trials_and_bad_values_are_refused(tmp_path):
     # issue 21, item 6: losses[i].compile is the trial's loss.compile for that arm only, so a
     # study can turn torch.compile off (or on) per arm; YAML's bare off/on are read as such
-    from calibtune.study._studydir import self_contained
+    from calibtune.studyfile._studydir import self_contained
     from calibtune.trial import config_from_dict
 
     path = tmp_path / "s.yaml"

@@ -19,8 +19,8 @@ def _child(client, exp_id, parent, trial_id, values):
 
 
 def test_intermediate_values_come_from_the_child_runs_once(tmp_path):
+    from calibtune.readers._summary import load_optuna_study, refresh_summary
     from calibtune.record._curves import objective_curves
-    from calibtune.study._summary import load_optuna_study, refresh_summary
 
     study = _study_file(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

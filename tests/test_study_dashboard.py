@@ -127,8 +127,8 @@ def _fake_trials(uri, exp_id, parent, rows):
 
 
 def test_parent_run_summarises_the_study(tmp_path):
-    from calibtune.study._optuna import persist_ended
-    from calibtune.study._summary import best_key, load_optuna_study, summarize_study
+    from calibtune.readers._summary import best_key, load_optuna_study, summarize_study
+    from calibtune.record._optuna import persist_ended
 
     study = _study_file(tmp_path)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -186,8 +186,8 @@ def test_parent_run_summarises_the_study(tmp_path):
 def test_optuna_records_ended_trials_with_their_state(tmp_path):
     import optuna
 
-    from calibtune.study._optuna import ended_state, persist_ended
-    from calibtune.study._summary import load_optuna_study, param_importances
+    from calibtune.readers._summary import load_optuna_study, param_importances
+    from calibtune.record._optuna import ended_state, persist_ended
 
     study = _study_file(tmp_path, (("val/ece@ts", "min"), ("val/error", "min")))
     assert ended_state(study, {"val/ece@ts": 0.1}, False) == ("PRUNED", None)  # ASHA stopped it
@@ -225,7 +225,7 @@ def test_running_best_and_param_positions():
 
 def test_optuna_storage_key_is_checked(tmp_path):
     from calibtune.study import load_study
-    from calibtune.study._config import StudyError
+    from calibtune.studyfile._config import StudyError
 
     path = tmp_path / "s.yaml"
     base = "name: s\nlosses: [cross_entropy]\nsearch: {num_samples: 1, optuna_storage: %s}\n"
@@ -293,7 +293,7 @@ def test_a_config_without_provenance_imports_no_library_for_the_drift_check(tmp_
 
 def test_dashboard_cli_refuses_a_study_without_optuna_storage_in_one_line(tmp_path, capsys):
     from calibtune.cli import main
-    from calibtune.study._studydir import StudyDir, StudyState
+    from calibtune.studyfile._studydir import StudyDir, StudyState
 
     study = _study_file(tmp_path)
     sd = StudyDir.at(study.name, study.storage)

@@ -112,7 +112,7 @@ def test_dashboard_serves_the_optuna_study_on_loopback(finished):
     import json as _json
     import urllib.request
 
-    from calibtune.study._ui import start_dashboard, stop_ui
+    from calibtune.readers._ui import start_dashboard, stop_ui
 
     _, _, outcome = finished
     proc, url = start_dashboard(f"sqlite:///{outcome.storage / 'optuna.db'}")
@@ -272,7 +272,7 @@ def test_ui_serves_the_store_on_loopback(finished):
     import urllib.parse
     import urllib.request
 
-    from calibtune.study._ui import start_ui, stop_ui
+    from calibtune.readers._ui import start_ui, stop_ui
 
     _, _, outcome = finished
     proc, url = start_ui(outcome.tracking_uri)

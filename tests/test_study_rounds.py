@@ -83,10 +83,10 @@ def test_the_new_rounds_sampler_starts_from_the_persisted_history(tmp_path):
     suggestion, and pickles without a second copy of them."""
     import pickle
 
+    from calibtune.record._optuna import define_by_run, make_sampler, persist_ended
     from calibtune.study import load_study
     from calibtune.study._constrained import ConstrainedOptunaSearch
     from calibtune.study._extend import optuna_history
-    from calibtune.study._optuna import define_by_run, make_sampler, persist_ended
 
     study = load_study(_study(tmp_path, "hist"))
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -110,7 +110,7 @@ def test_the_new_rounds_sampler_starts_from_the_persisted_history(tmp_path):
 def test_a_raised_num_samples_alone_asks_for_the_difference(tmp_path):
     from calibtune.study import load_study
     from calibtune.study._extend import added_samples
-    from calibtune.study._studydir import StudyDir
+    from calibtune.studyfile._studydir import StudyDir
 
     sd = StudyDir.at("grow", tmp_path / "studies")
     sd.write_study(load_study(_study(tmp_path, "grow")))  # num_samples 2, as it ran
@@ -126,8 +126,8 @@ def test_a_raised_num_samples_alone_asks_for_the_difference(tmp_path):
 
 @pytest.mark.slow
 def test_more_continues_the_optuna_study_and_parent_run(tmp_path, capsys, ray_session):
-    from calibtune.study._studydir import StudyDir
-    from calibtune.study._summary import load_optuna_study
+    from calibtune.readers._summary import load_optuna_study
+    from calibtune.studyfile._studydir import StudyDir
 
     path = _study(tmp_path, "rounds")
     assert main(["run", str(path)]) == 0
@@ -177,7 +177,7 @@ def test_more_continues_the_optuna_study_and_parent_run(tmp_path, capsys, ray_se
 
 @pytest.mark.slow
 def test_time_budget_stops_the_session_with_its_state_saved(tmp_path, capsys, ray_session):
-    from calibtune.study._studydir import StudyDir
+    from calibtune.studyfile._studydir import StudyDir
 
     path = _study(tmp_path, "budget", {"num_samples": 3, "max_concurrent": 1, "time_budget": 1})
     code = main(["run", str(path)])

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from calibtune.metrics.keys import from_mlflow
+from calibtune.readers._results import pareto_mask
+from calibtune.record._optuna import FLAT_SAMPLERS, conditional_grid, define_by_run, make_sampler
 from calibtune.record._tracking import mlflow_metric_name, resolve_tracking_uri
 from calibtune.study import load_study
-from calibtune.study._config import SAMPLERS
-from calibtune.study._optuna import FLAT_SAMPLERS, conditional_grid, define_by_run, make_sampler
-from calibtune.study._results import pareto_mask
 from calibtune.study._trainable import aggregate, hyperparameters, trial_dict
+from calibtune.studyfile._config import SAMPLERS
 
 ROOT = Path(__file__).resolve().parents[1]
 

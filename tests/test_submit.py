@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from calibtune.cli import main
-from calibtune.study._jobs import (
+from calibtune.cluster._jobs import (
     JOB_EXCLUDES,
     _package_files,
     forwarded_env,
@@ -156,8 +156,8 @@ def test_a_runtime_env_that_is_not_one_is_refused(tmp_path, capsys, env, phrase)
 def test_the_job_runs_the_nodes_python_with_the_runtime_env_and_forwarded_variables(
     tmp_path, monkeypatch
 ) -> None:
+    from calibtune.cluster._jobs import load_runtime_env, submission
     from calibtune.study import load_study
-    from calibtune.study._jobs import load_runtime_env, submission
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9000")
     monkeypatch.setenv("MLFLOW_TRACKING_TOKEN", "t")
@@ -191,8 +191,8 @@ def test_the_job_runs_the_nodes_python_with_the_runtime_env_and_forwarded_variab
 
 
 def test_a_study_outside_a_project_uploads_nothing(tmp_path) -> None:
+    from calibtune.cluster._jobs import submission
     from calibtune.study import load_study
-    from calibtune.study._jobs import submission
 
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(STUDY))
     (tmp_path / "unrelated.bin").write_bytes(b"x" * 1000)
@@ -247,8 +247,8 @@ def test_fetch_runs_before_the_study_into_the_absolute_root(tmp_path, data, sets
     """--data-root DIR --fetch: the job's first step fetches exactly the sets the study reads
     into DIR, a path on the cluster that does not exist here (and is not created), then runs
     the study with that root."""
+    from calibtune.cluster._jobs import submission
     from calibtune.study import load_study
-    from calibtune.study._jobs import submission
 
     root = f"{tmp_path}/cluster/data"
     study = load_study(_project(tmp_path, {**STUDY, "trial": {**STUDY["trial"], "data": data}}))
@@ -297,7 +297,7 @@ def test_the_fetch_step_is_one_shell_word_that_stops_the_study_when_it_fails(tmp
     import shlex
     import subprocess
 
-    from calibtune.study._jobs import job_spec
+    from calibtune.cluster._jobs import job_spec
 
     log = tmp_path / "calls"
     fake = tmp_path / "python"

@@ -83,8 +83,8 @@ def _where(tmp_path: Path) -> dict[str, str]:
 def test_the_job_gets_the_allow_list_and_no_secret_unless_named(tmp_path, shell) -> None:
     """Today's code sent every AWS_* and MLFLOW_* variable: the secret key, the tracking
     password, and this machine's AWS_PROFILE/AWS_CA_BUNDLE, which override the nodes' roles."""
+    from calibtune.cluster._jobs import submission
     from calibtune.study import load_study
-    from calibtune.study._jobs import submission
 
     study = load_study(_study(tmp_path))
     spec = submission(study, **_where(tmp_path))

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from calibtune.readers._summary import refresh_summary
 from calibtune.record._tracking import (
     PARENT,
     TAG_KIND,
@@ -19,10 +20,9 @@ from calibtune.record._tracking import (
     experiment_id,
     log_metrics,
 )
-from calibtune.study._config import load_study
 from calibtune.study._progress import FigureThrottle, _refresher, drain_summaries
-from calibtune.study._summary import refresh_summary
 from calibtune.study._trainable import StudyPayload
+from calibtune.studyfile._config import load_study
 
 
 class Clock:
@@ -105,7 +105,7 @@ def test_a_refresh_inside_the_window_keeps_the_figures_and_the_end_redraws(tmp_p
 def test_refreshes_record_ended_trials_once_through_one_open_optuna_storage(tmp_path) -> None:
     import optuna
 
-    from calibtune.study._summary import load_optuna_study, rdb_storage
+    from calibtune.readers._summary import load_optuna_study, rdb_storage
 
     study = load_study("studies/quickstart.yaml")
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", f"sqlite:///{tmp_path / 'optuna.db'}"
@@ -123,7 +123,7 @@ def test_refreshes_record_ended_trials_once_through_one_open_optuna_storage(tmp_
 def test_a_replaced_optuna_file_gets_a_storage_of_its_own(tmp_path) -> None:
     import optuna
 
-    from calibtune.study._summary import load_optuna_study, rdb_storage
+    from calibtune.readers._summary import load_optuna_study, rdb_storage
 
     db = tmp_path / "optuna.db"
     url = f"sqlite:///{db}"

@@ -70,9 +70,9 @@ def test_the_callbacks_pickle_while_a_worker_exists(tmp_path) -> None:
     process, when an earlier study's summary worker (with its lock) exists."""
     import cloudpickle
 
-    from calibtune.study._config import load_study
     from calibtune.study._progress import _worker, study_callbacks
     from calibtune.study._trainable import StudyPayload
+    from calibtune.studyfile._config import load_study
 
     _worker("an-earlier-parent-run", lambda batch: None).submit(_ended(0))
     study = load_study("studies/quickstart.yaml")

@@ -10,7 +10,7 @@ import torch
 
 from calibtune.metrics import keys as K
 from calibtune.posthoc import build_posthoc, fitted_values, t_at_edge, t_range
-from calibtune.study._results import _report_row
+from calibtune.readers._results import _report_row
 from calibtune.training import evaluate_final
 from calibtune.trial import config_from_dict
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 from _s3 import start_s3
 
-from calibtune.study._ui import free_port, stop_ui
+from calibtune.readers._ui import free_port, stop_ui
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]

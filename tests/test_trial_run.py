@@ -440,7 +440,7 @@ def test_a_full_disk_while_saving_tensors_is_an_enospc_oserror(tmp_path: Path, m
     import errno
     import os
 
-    from calibtune.study._diskfull import disk_full_text
+    from calibtune.studyfile._diskfull import disk_full_text
     from calibtune.trial._checkpoint import save_tensors
 
     state = {"w": torch.zeros(100_000)}

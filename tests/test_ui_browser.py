@@ -87,7 +87,7 @@ def study(tmp_path_factory, ray_session):
 
 @pytest.fixture(scope="module")
 def ui(study) -> Iterator[str]:
-    from calibtune.study._ui import start_ui, stop_ui
+    from calibtune.readers._ui import start_ui, stop_ui
 
     outcome, _ = study
     proc, url = start_ui(outcome.tracking_uri)
@@ -267,7 +267,7 @@ def test_optuna_dashboard_draws_each_trials_learning_curve(study, page):
     """Each trial's per-epoch ``val/ece`` is an Optuna intermediate value (one per epoch, however
     often the driver recorded the trial): the dashboard's "Intermediate values" plot draws one
     line per trial, two epochs each."""
-    from calibtune.study._summary import load_optuna_study
+    from calibtune.readers._summary import load_optuna_study
 
     outcome, _ = study
     trials = load_optuna_study("uistudy", f"sqlite:///{outcome.storage / 'optuna.db'}").trials

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
+from calibtune.readers._ui import runs_url, ui_lines
 from calibtune.record._tracking import experiment_id
-from calibtune.study._ui import runs_url, ui_lines
 
 
 def test_ui_lines_list_calibtune_experiments_with_their_runs_url(tmp_path):

@@ -22,7 +22,7 @@ from calibtune._registry import FROM_SIGNATURE, Param, Registry, defaults_from_s
 from calibtune.losses import build_loss
 from calibtune.losses import functional as F_cal
 from calibtune.posthoc import POSTHOC, TemperatureScaling, build_posthoc
-from calibtune.study._config import parse_study
+from calibtune.studyfile._config import parse_study
 from calibtune.trial import config_from_dict, config_to_dict
 
 PACKAGE = Path(calibtune.__file__).parent

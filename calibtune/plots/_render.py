@@ -1,6 +1,6 @@
 """How the figures are drawn and written: the settings that make a figure cheap without changing
 what it shows, shared by the trial figures (`save_trial_figures`) and the parent run's study
-figures (`calibtune.study._summary`).
+figures (`calibtune.readers._summary`).
 
 A study's driver draws every trial's figures and the study's on one thread while two trials use
 the two cores (issue 13); a cProfile of `save_trial_figures` (bench/README.md "Driver CPU per

@@ -1,7 +1,8 @@
 """What a study records in MLflow: one parent run per study and a child run per trial (tags,
 params, per-epoch metrics, artifacts), the client that resends what a dying server cut off and
 the SQLite store made while Ray starts, the bulk readers of many runs, data lineage (each split
-a dataset input with its digest) and the training curves drawn from the runs.
+a dataset input with its digest), the training curves drawn from the runs, and the study's Optuna
+storage (the searcher's record of every trial; a SQLite copy in the bucket for a bucket study).
 
 Below the study driver and the readers, above the trial engine: nothing here starts Ray or
 trains.
@@ -82,6 +83,36 @@ _EXPORTS = {
             "objective_curves",
         ],
         "._curves",
+    ),
+    **dict.fromkeys(
+        [
+            "FLAT_SAMPLERS",
+            "METRICS_ATTR",
+            "OPTUNA_FILE",
+            "STUDY_ID_ATTR",
+            "TUNE_TRIAL_ATTR",
+            "bind_study",
+            "conditional_grid",
+            "constraint_values",
+            "define_by_run",
+            "distributions",
+            "ended_state",
+            "flat_params",
+            "found_study",
+            "make_sampler",
+            "open_optuna_study",
+            "optuna_copy_callbacks",
+            "persist_ended",
+            "pull_optuna_copy",
+            "push_optuna_copy",
+            "quiet_optuna",
+            "record_trial",
+            "recorded_ids",
+            "register_running",
+            "sqlite_url",
+            "study_id_conflict",
+        ],
+        "._optuna",
     ),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

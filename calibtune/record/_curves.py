@@ -4,7 +4,7 @@ step=epoch)`` would have stored).
 
 The trials report to Tune, not to an Optuna trial (Ray's OptunaSearch keeps its own in-memory
 study), so the persisted Optuna trial is written once, when the Tune trial ends
-(`calibtune.study._optuna.record_trial`); its curve comes from MLflow, where every epoch is logged
+(`calibtune.record._optuna.record_trial`); its curve comes from MLflow, where every epoch is logged
 exactly once across restores (`calibtune.record._tracking.MlflowTrialCallback`). A curve is a
 mapping ``epoch -> value``: an epoch appears once however often the trial was resumed.
 """

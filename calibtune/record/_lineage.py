@@ -4,7 +4,7 @@ input of its run (name, content digest from `calibtune.data._digest`, context ta
 they compare saw different data.
 
 A trial's data per context is one string, ``name=digest`` pairs sorted (`data_columns`), in
-`calibtune.study._results.trials_frame`'s ``data:<context>`` columns: two trials used the same
+`calibtune.readers._results.trials_frame`'s ``data:<context>`` columns: two trials used the same
 data of a context exactly when the strings are equal. `data_note` is the line `compare` and
 `report` print when they differ; `check_same_data` refuses a paired comparison across them.
 """

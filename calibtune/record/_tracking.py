@@ -224,7 +224,7 @@ def check_artifact_store(uri: str, experiment: str, key: str) -> None:
     tiny artifact (through the server, as the trials will) and is deleted; a failure is one
     ``ValueError`` line, before the first trial (else every trial would train, then fail to
     save its artifacts). Stores other than a server (``sqlite:``, ``file:``) write artifacts
-    beside themselves and are checked with the store (`calibtune.study._preflight`). One
+    beside themselves and are checked with the store (`calibtune.cluster._preflight`). One
     attempt, no retries: a store that refuses does so at once."""
     if not uri.startswith(("http://", "https://")):
         return

@@ -6,7 +6,7 @@ after a failed write the temp file is removed and the last complete file stays. 
 as ``storage_filesystem`` (its own ``pyarrow.fs.copy_files`` truncates each file and rewrites it
 in place: a full disk left a truncated state that Tune could not restore, issue 24). Every ENOSPC
 or EDQUOT a write sees is noted (`note_full`) for the study's disk-full stop
-(`calibtune.study._diskfull`). A temp file left by a process killed mid-write
+(`calibtune.studyfile._diskfull`). A temp file left by a process killed mid-write
 (``.NAME.XXXXXXXX.tmp``) is inert: every reader reads files by name.
 """
 

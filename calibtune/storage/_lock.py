@@ -19,7 +19,7 @@ conditional PUT, which S3, MinIO and moto honour with 412 Precondition Failed):
 - a holder whose last successful renewal was sent half a lease ago or longer (``GIVE_UP_AT``),
   or whose lock was taken, gives the lock up: ``on_lost(reason)`` is called once, from the lock's
   own thread, so that the holder stops its work (a study stops the graceful way a full disk
-  stops it: `calibtune.study._studydir`). The other half of the lease is the margin for that
+  stops it: `calibtune.studyfile._studydir`). The other half of the lease is the margin for that
   stop and for the clocks of the machines, which must agree to well within it (NTP does that):
   nobody else can take the lease before it ends. A driver paused past its lease (a stopped VM,
   a long GC pause) gives up when it wakes, and its first renewal is refused if another took

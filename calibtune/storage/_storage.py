@@ -242,7 +242,7 @@ class Storage:
         study does; a ``HeadBucket`` alone is refused under prefix-scoped IAM policies that
         allow all of that); one line naming ``key`` otherwise, saying when the bucket does not
         exist. For S3 without a configured region or endpoint, the bucket's region is resolved
-        first (`resolve_region`). The local disk is checked by `calibtune.study._preflight`."""
+        first (`resolve_region`). The local disk is checked by `calibtune.cluster._preflight`."""
         if self.is_local:
             return
         where = self

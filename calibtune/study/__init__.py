@@ -1,18 +1,46 @@
-"""The study service: YAML studies and search spaces, Ray Tune + Optuna search, MLflow runs.
+"""The study driver: a study file searched with Ray Tune's `OptunaSearch` over the trial engine
+(`run_study`), an interrupted one restored (`resume_study`): search, scheduling, the trainable
+each trial runs, progress and the live display, extension with more trials, the full-disk stop.
 
-`load_study` validates a study file into a frozen `StudyConfig`; `run_study` searches it with
-Ray Tune's `OptunaSearch` over the trial engine; `resume_study` restores an interrupted study;
-`calibtune.study._results` reads studies back from MLflow (compare, report, export).
+The study file itself is `calibtune.studyfile`, the readers `calibtune.readers`, the cluster
+`calibtune.cluster`, what is recorded `calibtune.record`; the names below keep their old homes
+importable.
 """
 
 from calibtune._lazy import lazy_exports
 
-# Lazy (PEP 562): `calibtune --help` and compare/report/export import submodules of this package
-# and must not pay for Ray and torch, which `_search` and `_config` pull in.
+# Lazy (PEP 562): importing the package must not pay for Ray and torch, which `_search` pulls in.
 _EXPORTS = {
     **dict.fromkeys(
-        ["Objective", "SearchConfig", "StudyConfig", "StudyError", "load_study", "parse_study"],
-        "._config",
+        [
+            "SIGNAL_EXIT",
+            "STORAGE_FULL_EXIT",
+            "StudyOutcome",
+            "optuna_storage_url",
+            "resume_study",
+            "run_study",
+        ],
+        "._search",
+    ),
+    "train_progress": "._display",
+    **dict.fromkeys(
+        [
+            "LossSpace",
+            "Objective",
+            "SearchConfig",
+            "Space",
+            "SpaceError",
+            "StudyConfig",
+            "StudyDir",
+            "StudyDirError",
+            "StudyError",
+            "StudyLockedError",
+            "load_loss_space",
+            "load_study",
+            "parse_loss_space",
+            "parse_study",
+        ],
+        "calibtune.studyfile",
     ),
     **dict.fromkeys(
         [
@@ -23,14 +51,9 @@ _EXPORTS = {
             "report_table",
             "trials_frame",
         ],
-        "._results",
+        "calibtune.readers",
     ),
-    **dict.fromkeys(["StudyOutcome", "resume_study", "run_study"], "._search"),
-    **dict.fromkeys(
-        ["LossSpace", "Space", "SpaceError", "load_loss_space", "parse_loss_space"], "._spaces"
-    ),
-    **dict.fromkeys(["StudyDir", "StudyDirError", "StudyLockedError"], "._studydir"),
-    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "calibtune.record._tracking"),
+    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "calibtune.record"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -1,6 +1,6 @@
 """Ray Tune's `OptunaSearch` for a study with ``search.constraints``: before an ended trial is
 told to Optuna, its constraint values are set on it with `optuna.trial.Trial.set_constraint`
-(`calibtune.study._optuna.constraint_values`), where TPE, NSGA-II and GP read them. Without
+(`calibtune.record._optuna.constraint_values`), where TPE, NSGA-II and GP read them. Without
 constraints it is `OptunaSearch` unchanged. ``history``: the Optuna trials of the study's earlier
 rounds (`calibtune.study._extend`), added to its in-memory study before the first suggestion, so
 that an extended study's sampler continues from them. Imports Ray: imported by the study driver
@@ -13,8 +13,8 @@ from typing import Any
 
 from ray.tune.search.optuna import OptunaSearch
 
-from calibtune.study._constraints import Constraint
-from calibtune.study._optuna import METRICS_ATTR, constraint_values
+from calibtune.record import METRICS_ATTR, constraint_values
+from calibtune.studyfile import Constraint
 
 __all__ = ["ConstrainedOptunaSearch"]
 

@@ -17,8 +17,14 @@ from __future__ import annotations
 from typing import Any
 
 from calibtune._yaml import load_text
-from calibtune.study._config import StudyConfig, study_from_text
-from calibtune.study._studydir import StudyDir, StudyDirError, StudyState, self_contained
+from calibtune.studyfile import (
+    StudyConfig,
+    StudyDir,
+    StudyDirError,
+    StudyState,
+    self_contained,
+    study_from_text,
+)
 
 __all__ = ["added_samples", "check_extendable", "extended_study", "optuna_history"]
 
@@ -80,7 +86,7 @@ def optuna_history(study: StudyConfig, storage_url: str) -> list[Any]:
     new round's sampler (`calibtune.study._constrained.ConstrainedOptunaSearch`)."""
     import optuna
 
-    from calibtune.study._summary import load_optuna_study, rdb_storage
+    from calibtune.readers import load_optuna_study, rdb_storage
 
     ot_study = load_optuna_study(study.name, rdb_storage(storage_url))
     if ot_study is None:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calibtune.cluster import clear_line
+from calibtune.readers import mark_feasibility, refresh_summary
 from calibtune.record import (
     PARENT,
     TAG_ERROR,
@@ -31,11 +33,9 @@ from calibtune.record import (
     reopen_interrupted,
 )
 from calibtune.record import record_failure as _record_failure
-from calibtune.study._config import StudyConfig
-from calibtune.study._display import clear_line, live_display, slots_text, study_slots
-from calibtune.study._results import mark_feasibility
-from calibtune.study._summary import refresh_summary
+from calibtune.study._display import live_display, slots_text, study_slots
 from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
+from calibtune.studyfile import StudyConfig
 
 # Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
@@ -280,10 +280,11 @@ def _interrupted_by_full_disk(
 ) -> bool:
     """Whether a trial failed because a disk filled up (its reason, the one its run recorded,
     Tune's local record of its error, or an ENOSPC the driver saw on the storage): then its run
-    is reopened for `resume` and the study stops (`calibtune.study._diskfull`)."""
-    from calibtune.study._diskfull import disk_full_text, request_stop, storage_full
-    from calibtune.study._diskfull import tolerate_full_store as tolerate
-    from calibtune.study._diskfull import trial_error_text as ray_error
+    is reopened for `resume` and the study stops (`calibtune.studyfile._diskfull`)."""
+    from calibtune.storage import disk_full_text
+    from calibtune.studyfile import request_stop, storage_full
+    from calibtune.studyfile import tolerate_full_store as tolerate
+    from calibtune.studyfile import trial_error_text as ray_error
 
     recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
     texts = (reason, recorded, ray_error(trial))
@@ -413,7 +414,7 @@ def _storage_guard(storage: Path) -> Any:
             self.message: str | None = None
 
         def on_step_begin(self, iteration, trials, **info):  # type: ignore[override]
-            from calibtune.study._diskfull import request_stop, storage_full
+            from calibtune.studyfile import request_stop, storage_full
 
             if storage_full(storage):  # a write of Tune's state failed: stop before a trial starts
                 request_stop(storage)

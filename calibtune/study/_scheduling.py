@@ -8,7 +8,7 @@ trial orphaned (and its work lost). `DurableStarts` forces a save, synchronously
 the scheduler is asked which trial to run after new trials were added; Tune starts a trial's
 actor only after that call in the same step, and the trainable only once the actor has started.
 The cost is one state save per batch of new trials. A save that hit a full disk (ENOSPC,
-`calibtune.study._diskfull`) starts nothing: it ends Tune's run with `StorageFullError` (Tune
+`calibtune.studyfile._diskfull`) starts nothing: it ends Tune's run with `StorageFullError` (Tune
 stops the running trials, as a killed driver would) and `resume` continues from the last save.
 
 A trial whose process or node was lost (a preempted or drained node, a killed raylet, an
@@ -30,8 +30,7 @@ from ray.exceptions import RayActorError
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from calibtune._failpoints import failpoint
-from calibtune.study._config import StudyConfig
-from calibtune.study._diskfull import StorageFullError, storage_full
+from calibtune.studyfile import StorageFullError, StudyConfig, storage_full
 
 # Imported by `_search` only when a study runs (this module loads Ray). The scheduler travels in
 # Tune's pickled tuner state, so its classes live at module level.
@@ -207,7 +206,7 @@ class DurableStarts:
     def _check_full(controller: Any) -> None:
         if storage_full(controller.experiment_path):
             # Tune starts every pending trial after this call whatever it returns; an error
-            # ends the step (and the run: `calibtune.study._diskfull`) before any starts
+            # ends the step (and the run: `calibtune.studyfile._diskfull`) before any starts
             raise StorageFullError(controller.experiment_path)
 
 
@@ -298,9 +297,9 @@ def replay(controller: Any, folder: Any) -> set[str]:
 def _register(search_alg: Any, trial: Any) -> None:
     """Tell the searcher of a replayed trial what its restored state lacks: live in the
     `ConcurrencyLimiter`, a running Optuna trial with its parameters
-    (`calibtune.study._optuna.register_running`) unless the searcher's state, saved after the
+    (`calibtune.record._optuna.register_running`) unless the searcher's state, saved after the
     trial started, already maps it (a second Optuna trial would be left RUNNING for good)."""
-    from calibtune.study._optuna import register_running
+    from calibtune.record import register_running
 
     limiter = getattr(search_alg, "searcher", None)
     inner = getattr(limiter, "searcher", limiter)

@@ -25,46 +25,49 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from calibtune.cluster import check_cluster, init_ray
+from calibtune.readers import grid_ends, mark_feasibility, refresh_summary
 from calibtune.record import (
     TAG_HASH,
     TAG_T_GRID_ENDS,
+    bind_study,
     child_statuses,
+    conditional_grid,
+    define_by_run,
     finish_run,
     git_sha,
     log_metrics,
+    make_sampler,
     open_study_run,
+    optuna_copy_callbacks,
+    pull_optuna_copy,
+    push_optuna_copy,
     resolve_tracking_uri,
     retries_note,
     run_metrics,
+    sqlite_url,
     store_created_meanwhile,
     store_full_errors,
     versions,
     watch_retries,
 )
 from calibtune.study._budget import budget_callbacks, budget_message, budget_note
-from calibtune.study._config import StudyConfig, load_study
 from calibtune.study._extend import (
     added_samples,
     check_extendable,
     extended_study,
     optuna_history,
 )
-from calibtune.study._optuna import (
-    bind_study,
-    conditional_grid,
-    define_by_run,
-    make_sampler,
-    optuna_copy_callbacks,
-    pull_optuna_copy,
-    push_optuna_copy,
-    sqlite_url,
-)
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
-from calibtune.study._raycluster import check_cluster, init_ray
-from calibtune.study._results import grid_ends, mark_feasibility
-from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, StudyState
-from calibtune.study._summary import refresh_summary
 from calibtune.study._trainable import StudyPayload, make_trainable
+from calibtune.studyfile import (
+    STUDY_COPY,
+    StudyConfig,
+    StudyDir,
+    StudyDirError,
+    StudyState,
+    load_study,
+)
 
 # Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)
 # only when a study runs, so that `calibtune dashboard` (`optuna_storage_url`) loads neither.
@@ -140,7 +143,7 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
 
 
 def _searcher(study: StudyConfig, history: list[Any]) -> Any:
-    from calibtune.study._concurrency import concurrency_limiter
+    from calibtune.cluster import concurrency_limiter
     from calibtune.study._constrained import ConstrainedOptunaSearch
 
     objs = study.search.objectives
@@ -399,7 +402,7 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
 
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
-    from calibtune.study._diskfull import silence_disk_full_logs, stop_reason, tolerate_full_store
+    from calibtune.studyfile import silence_disk_full_logs, stop_reason, tolerate_full_store
 
     t0 = time.time()
     retries_note(sd.local_scratch(), payload.tracking_uri, 0)  # forget an earlier session's
@@ -456,7 +459,7 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
 def _tune(tuner: Any, sd: StudyDir, payload: StudyPayload) -> tuple[Any, dict[str, str]]:
     """``tuner.fit()`` under graceful signal handling: its results (None when the storage filled
     up under Tune) and the signal caught, if any; the parent run is KILLED on anything else."""
-    from calibtune.study._diskfull import storage_full
+    from calibtune.studyfile import storage_full
 
     with _graceful_signals() as caught, _json_log_only(tuner):
         try:
@@ -510,7 +513,7 @@ def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:
 def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
     """The study's Optuna RDB storage: ``search.optuna_storage`` (relative SQLite paths against
     the working directory) or SQLite ``<study folder>/optuna.db`` (for a study in a bucket, in
-    the driver's cache, its copy in the bucket: `calibtune.study._optuna.push_optuna_copy`)."""
+    the driver's cache, its copy in the bucket: `calibtune.record._optuna.push_optuna_copy`)."""
     if study.search.optuna_storage:
         return resolve_tracking_uri(study.search.optuna_storage)
     return sqlite_url(study, sd)  # in a bucket: the driver's file wherever Tune unpickles it

@@ -36,6 +36,7 @@ from typing import Any
 
 from calibtune._failpoints import failpoint
 from calibtune._io import atomic_write
+from calibtune.cluster import check_this_node, node_versions
 from calibtune.metrics import keys as K
 from calibtune.record import (
     TAG_LOSS,
@@ -49,10 +50,7 @@ from calibtune.record import (
     watch_retries,
 )
 from calibtune.storage import open_storage
-from calibtune.study._config import StudyConfig
-from calibtune.study._nodes import check_this_node, node_versions
-from calibtune.study._spaces import decode
-from calibtune.study._studydir import STATE_FILE
+from calibtune.studyfile import STATE_FILE, StudyConfig, decode
 
 # Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
 # `calibtune dashboard` (imports `_search`, which imports this module) loads neither.
@@ -92,7 +90,7 @@ class StudyPayload:
     trials_dir: str
     seed_options: Mapping[str, Any] = field(default_factory=dict)
     #: the driver's versions and Ray node: a trial on another node checks it first
-    #: (`calibtune.study._nodes.check_this_node`)
+    #: (`calibtune.cluster._nodes.check_this_node`)
     driver_versions: Mapping[str, str] = field(default_factory=dict)
     driver_node: str | None = None
 
@@ -413,7 +411,7 @@ def seed_task_options(study: StudyConfig) -> dict[str, Any]:
     Ray sets this default only for a function declared with GPUs, ray-project/ray#29624);
     on CPUs the processes, their imports done, are reused.
 
-    >>> from calibtune.study._config import study_from_text
+    >>> from calibtune.studyfile._config import study_from_text
     >>> s = study_from_text("name: s\\nlosses: [cross_entropy]\\nsearch: {seeds: [1, 2]}", "s")
     >>> [seed_task_options(s)[k] for k in ("num_cpus", "max_calls")]
     [1.0, 0]

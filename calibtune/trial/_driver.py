@@ -106,7 +106,7 @@ class TrialResult:
 
 def local_machine() -> tuple[dict[str, float], str]:
     """What a local Ray started here would hold, known before starting it, and how to name it
-    in an error: every CPU (`os.cpu_count`, as `calibtune.study._raycluster.init_ray` sizes
+    in an error: every CPU (`os.cpu_count`, as `calibtune.cluster._raycluster.init_ray` sizes
     it) and every GPU this process may use (`torch.cuda.device_count` honours
     ``CUDA_VISIBLE_DEVICES``)."""
     have = {"CPU": float(os.cpu_count() or 1), "GPU": float(torch.cuda.device_count())}

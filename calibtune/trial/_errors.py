@@ -9,7 +9,7 @@ A storage or network hiccup (`transient_io`: an S3 503 SlowDown, a connection re
 session token, an NFS stale handle) is not the trial's own error: the trial raises
 `TransientIOError` after a backoff, which the study's scheduler lets Tune retry from the trial's
 last checkpoint (``search.max_failures`` times; `calibtune.study._scheduling`). A full disk is
-never a hiccup: it keeps its own stop (`calibtune.study._diskfull`).
+never a hiccup: it keeps its own stop (`calibtune.studyfile._diskfull`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ TRANSIENT_ERRNOS = frozenset(
         errno.ESTALE,  # NFS: the server lost the handle (failover, export remounted)
     }
 )
-#: errnos of a full disk or quota: the study stops for them (`calibtune.study._diskfull`)
+#: errnos of a full disk or quota: the study stops for them (`calibtune.studyfile._diskfull`)
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 #: S3 error codes (botocore's ``response["Error"]["Code"]``) a retry gets past: throttling, a
 #: busy or failing server, a session token that the credential chain renews

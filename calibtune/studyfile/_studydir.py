@@ -17,7 +17,7 @@ is an advisory ``flock`` on an open file on a disk (the kernel drops it when the
 a lock left by a killed driver is stale without any clean-up) and a lock object with a lease in
 a bucket (`calibtune.storage.hold_lock`). ``optuna.db`` is SQLite, which needs a POSIX disk:
 a study in a bucket keeps it in the driver's cache (`StudyDir.optuna_db`) and its ``optuna.db``
-is a copy (`calibtune.study._optuna.push_optuna_copy`), unless it names an RDB server
+is a copy (`calibtune.record._optuna.push_optuna_copy`), unless it names an RDB server
 (``search.optuna_storage``).
 """
 
@@ -82,7 +82,7 @@ def default_storage(cwd: str | Path | None = None) -> Path:
 
 def new_study_id() -> str:
     """A new study folder's id (random, 32 hex digits): what tells its Optuna study in a shared
-    storage from another folder's of the same name (`calibtune.study._optuna.bind_study`)."""
+    storage from another folder's of the same name (`calibtune.record._optuna.bind_study`)."""
     import uuid
 
     return uuid.uuid4().hex
@@ -190,7 +190,7 @@ class StudyDir:
         """The study's embedded Optuna storage (SQLite, which needs a POSIX disk with working
         locks) unless the study names another: ``optuna.db`` in the study folder on a disk, in
         the driver's cache folder of the study (`local_scratch`) for a study in a bucket, whose
-        ``optuna.db`` is then a copy (`calibtune.study._optuna.push_optuna_copy`)."""
+        ``optuna.db`` is then a copy (`calibtune.record._optuna.push_optuna_copy`)."""
         return self.local_scratch() / "optuna.db"
 
     def local_scratch(self) -> Path:
@@ -230,7 +230,7 @@ class StudyDir:
 
     def read_study(self) -> Any:
         """The study as it was run (`StudyConfig`), re-validated from its saved copy."""
-        from calibtune.study._config import study_from_text
+        from calibtune.studyfile._config import study_from_text
 
         copy = self.path / STUDY_COPY
         return study_from_text(_read(copy), str(copy))
@@ -238,7 +238,7 @@ class StudyDir:
     def read_head(self) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
         """The study's name, objectives (`Objective`) and constraints (`Constraint`) from its
         saved copy, the rest of it not re-validated (`read_study` does that)."""
-        from calibtune.study._config import head_from_text
+        from calibtune.studyfile._config import head_from_text
 
         copy = self.path / STUDY_COPY
         return head_from_text(_read(copy), str(copy))
@@ -272,7 +272,7 @@ class StudyDir:
     def _lock_lost(self, reason: str) -> None:
         """The lease of the study's lock in a bucket was lost: stop the study the graceful way
         a full disk stops it (state saved, one line, exit 75), before anyone else can take it."""
-        from calibtune.study._diskfull import request_stop
+        from calibtune.studyfile._diskfull import request_stop
 
         request_stop(
             self.path,
@@ -354,7 +354,7 @@ def _is_tuner_pickle(path: Storage) -> bool:
 
 def self_contained(study: Any) -> str:
     """The study's YAML with its search-space files inlined (``name`` + ``params``)."""
-    from calibtune.study._spaces import load_yaml
+    from calibtune.studyfile._spaces import load_yaml
 
     raw = load_text(study.text, "study")
     for i, item in enumerate(raw.get("losses") or []):

@@ -35,8 +35,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from calibtune.study._config import StudyConfig
-from calibtune.study._constraints import Constraint, baseline_values, violations
+from calibtune.studyfile import Constraint, StudyConfig, baseline_values, violations
 
 __all__ = [
     "OPTUNA_FILE",
@@ -274,7 +273,7 @@ def recorded_ids(ot_study: Any) -> set[str]:
     once per storage object, then kept up to date by `record_trial` (the driver, which holds
     the study's lock, is the study's only writer), so that recording a trial does not read back
     every trial of the study. The set lives on the storage object: a storage opened anew (a
-    study folder replaced: `calibtune.study._summary.rdb_storage`) reads its own."""
+    study folder replaced: `calibtune.readers._summary.rdb_storage`) reads its own."""
     storage = getattr(ot_study._storage, "_backend", ot_study._storage)  # Optuna's cache wrapper
     cache = storage.__dict__.setdefault("_calibtune_recorded", {})
     if ot_study._study_id not in cache:
@@ -343,7 +342,7 @@ def persist_ended(
 # ----------------------------------------------------------------------------- study identity
 
 #: user attribute of the Optuna study: the id of the study folder that owns it (its
-#: ``calibtune_study.json``, `calibtune.study._studydir.StudyState.study_id`)
+#: ``calibtune_study.json``, `calibtune.studyfile._studydir.StudyState.study_id`)
 STUDY_ID_ATTR = "calibtune.study_id"
 
 
@@ -403,10 +402,10 @@ def study_id_conflict(
 def bind_study(study: StudyConfig, url: str | None, state: Any) -> str:
     """The study folder's id (``state``'s, else a new one) after checking the Optuna study in
     ``url`` (a named ``search.optuna_storage``) belongs to it (`study_id_conflict`: raises
-    `calibtune.study._studydir.StudyDirError`) and recording the id there (`STUDY_ID_ATTR`,
+    `calibtune.studyfile._studydir.StudyDirError`) and recording the id there (`STUDY_ID_ATTR`,
     the Optuna study created if new). Without ``url`` (the folder's own ``optuna.db``) nothing
     else can share it: the id only."""
-    from calibtune.study._studydir import StudyDirError, new_study_id
+    from calibtune.studyfile import StudyDirError, new_study_id
 
     study_id = getattr(state, "study_id", None) or new_study_id()
     if not url:
@@ -433,7 +432,7 @@ def _shown_url(url: str) -> str:
 # ----------------------------------------------------------------------------- a bucket's copy
 
 #: the Optuna SQLite file: in the study folder on a disk; for a study in a bucket, on the
-#: driver's disk (`calibtune.study._studydir.StudyDir.optuna_db`) with its copy of that name in
+#: driver's disk (`calibtune.studyfile._studydir.StudyDir.optuna_db`) with its copy of that name in
 #: the study folder
 OPTUNA_FILE = "optuna.db"
 
@@ -445,13 +444,13 @@ SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite data
 def copied_sqlite(study: StudyConfig, sd: Any) -> bool:
     """Whether the study's Optuna study is SQLite on the driver's disk with a copy in the study's
     storage (`push_optuna_copy`, `pull_optuna_copy`): a study in a bucket (``sd``, a
-    `calibtune.study._studydir.StudyDir`) that names no ``search.optuna_storage``."""
+    `calibtune.studyfile._studydir.StudyDir`) that names no ``search.optuna_storage``."""
     return not study.search.optuna_storage and not sd.path.is_local
 
 
 class DriverSQLite(str):
     """The SQLAlchemy URL (a ``str``) of a bucket study's Optuna SQLite on the driver's disk,
-    ``sqlite:///<cache>/…/optuna.db`` (`calibtune.study._studydir.StudyDir.optuna_db`). Tune
+    ``sqlite:///<cache>/…/optuna.db`` (`calibtune.studyfile._studydir.StudyDir.optuna_db`). Tune
     pickles it with the callbacks that record trials there; unpickled, it names that file on
     the unpickling driver's disk, so that a `resume` on a machine whose cache folder is
     elsewhere (another user, another ``$XDG_CACHE_HOME``) writes where `pull_optuna_copy` put
@@ -541,7 +540,7 @@ def load_sqlite_copy(source: Any, local: str | os.PathLike[str]) -> bool:
     import shutil
     import sqlite3
 
-    from calibtune.study._studydir import StudyDirError
+    from calibtune.studyfile import StudyDirError
 
     local = os.fspath(local)
     os.makedirs(os.path.dirname(local), exist_ok=True)

@@ -23,10 +23,7 @@ from typing import Any
 import optuna
 
 from calibtune.metrics import keys as K
-from calibtune.record import log_metrics, mlflow_client, objective_curves
-from calibtune.study._config import StudyConfig
-from calibtune.study._optuna import open_optuna_study, persist_ended, quiet_optuna, recorded_ids
-from calibtune.study._results import (
+from calibtune.readers._results import (
     StudyRef,
     compare_table,
     feasibility,
@@ -35,6 +32,16 @@ from calibtune.study._results import (
     report_table,
     trials_frame,
 )
+from calibtune.record import (
+    log_metrics,
+    mlflow_client,
+    objective_curves,
+    open_optuna_study,
+    persist_ended,
+    quiet_optuna,
+    recorded_ids,
+)
+from calibtune.studyfile import StudyConfig
 
 # Lazy: MLflow and matplotlib (`calibtune.plots`) only where a summary is logged or drawn, so that
 # `calibtune dashboard`, which imports `_search` and through it this module, loads neither.

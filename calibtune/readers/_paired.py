@@ -24,8 +24,8 @@ import pandas as pd
 import torch
 
 from calibtune.metrics import bootstrap_indices, bootstrap_top_label, percentile_ci
+from calibtune.readers._results import StudyRef, trials_frame
 from calibtune.record import PARENT, check_same_data, find_runs, mlflow_client
-from calibtune.study._results import StudyRef, trials_frame
 from calibtune.training import prediction_name
 
 __all__ = ["PAIRED_METRICS", "paired_table"]

@@ -5,7 +5,7 @@
 on the job's ``PATH``; the submitting machine's interpreter path means nothing there), the study
 (search spaces inlined) in an environment variable, the project's source as working directory.
 `job_spec` is the one description of a job: `calibtune submit` sends it and the recipes under
-``deploy/`` are generated from it (`calibtune.study._deploy`).
+``deploy/`` are generated from it (`calibtune.cluster._deploy`).
 
 The environment a job gets from the submitting shell is an allow-list (`FORWARDED_NAMES`,
 `FORWARDED_PREFIXES`: endpoints, regions, MLflow client settings, Ray Train's and calibtune's
@@ -38,9 +38,9 @@ from typing import Any
 
 import yaml
 
+from calibtune.cluster._preflight import check_address
+from calibtune.cluster._raycluster import client_token_auth
 from calibtune.storage import check_location
-from calibtune.study._preflight import check_address
-from calibtune.study._raycluster import client_token_auth
 
 # Lazy: Ray's job client is imported by the cluster subcommands alone (submit, status, logs),
 # so that `calibtune --help` does not import Ray (bench/bench_cli.py).
@@ -486,7 +486,7 @@ def job_spec(
     >>> spec["runtime_env"]["env_vars"]["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
     'false'
     """
-    from calibtune.study._display import QUIET_ENV
+    from calibtune._raysettings import QUIET_ENV
 
     argv = [python, "-m", "calibtune", "run", "--study-env", STUDY_ENV, "--address", "auto"]
     argv += ["--storage", storage, "--tracking-uri", tracking_uri]
@@ -618,9 +618,9 @@ def submission(
     replaces the study's; with ``fetch`` the job fetches the sets the study reads there first,
     from ``mirror`` if given), the ``--runtime-env`` file, the upload's size. Nothing is
     contacted or written but the stores' checks (`preflight_submit`)."""
+    from calibtune.cluster._preflight import preflight_submit
     from calibtune.record import resolve_tracking_uri
-    from calibtune.study._preflight import preflight_submit
-    from calibtune.study._studydir import self_contained
+    from calibtune.studyfile import self_contained
 
     store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
     env = forwarded_env(os.environ, env_names)

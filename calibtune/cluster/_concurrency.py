@@ -22,7 +22,7 @@ from typing import Any
 import ray
 from ray.tune.search import ConcurrencyLimiter
 
-from calibtune.study._config import StudyConfig
+from calibtune.studyfile import StudyConfig
 
 # Ray at import: `calibtune.study._search` imports this module only when a study runs.
 
@@ -43,7 +43,7 @@ def seed_footprint(study: StudyConfig) -> dict[str, float]:
     """The Ray resources one seed of a trial holds: its worker bundle (`worker_bundle`) once in
     local mode, ``num_workers`` times with Train workers.
 
-    >>> from calibtune.study._config import study_from_text
+    >>> from calibtune.studyfile._config import study_from_text
     >>> seed_footprint(study_from_text("name: s\\nlosses: [cross_entropy]", "s"))
     {'CPU': 1.0}
     """

@@ -37,9 +37,7 @@ from calibtune.record import (
     mlflow_metric_name,
     resolve_tracking_uri,
 )
-from calibtune.study._config import load_study
-from calibtune.study._constraints import TAG_FEASIBLE, Constraint, judge
-from calibtune.study._studydir import StudyDir, StudyDirError
+from calibtune.studyfile import TAG_FEASIBLE, Constraint, StudyDir, StudyDirError, judge, load_study
 
 
 class StudyNotFoundError(ValueError):

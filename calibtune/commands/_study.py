@@ -18,18 +18,21 @@ from typing import Any
 
 from calibtune._commands import Command, arg
 from calibtune._usage import usage
-from calibtune.record import check_artifact_store, resolve_tracking_uri
-from calibtune.study._display import quiet_output
-from calibtune.study._jobs import follow, job_client, submission, submit_job
-from calibtune.study._preflight import (
+from calibtune.cluster import (
     check_dir,
     check_out_file,
     check_tracking_uri,
+    follow,
+    job_client,
     preflight_resume,
     preflight_run,
+    quiet_output,
+    submission,
+    submit_job,
 )
-from calibtune.study._studydir import StudyDir
-from calibtune.study._ui import check_port_free, port_number, start_dashboard, start_ui, stop_ui
+from calibtune.readers import check_port_free, port_number, start_dashboard, start_ui, stop_ui
+from calibtune.record import check_artifact_store, resolve_tracking_uri
+from calibtune.studyfile import StudyDir
 
 # Lazy: `_config` (Optuna), `_results` (pandas) and `_search` (Ray, torch) are imported by the
 # subcommands that use them, so that `calibtune --help` and compare/report/export start fast
@@ -51,7 +54,7 @@ RAY_ADDRESS = arg("--address", help="Ray cluster address (default: start a local
 
 def _wait_duration(text: str) -> float:
     """argparse type of ``--wait-for-resources``: seconds (`parse_duration`)."""
-    from calibtune.study._raycluster import parse_duration
+    from calibtune.cluster import parse_duration
 
     try:
         return parse_duration(text)
@@ -103,7 +106,7 @@ def _at_a_time(n: int | str) -> str:
 
 
 def _print_outcome(outcome: Any) -> None:
-    from calibtune.study._results import compare_table, format_table, locate_study
+    from calibtune.readers import compare_table, format_table, locate_study
 
     ref = locate_study(outcome.storage)
     table = compare_table(ref)
@@ -132,7 +135,7 @@ def _exit_code(outcome: Any, command: str = "run") -> int:
     one finished; 3 (`TRIALS_FAILED_EXIT`) when so but some trials failed for good; 1 when none
     finished or some are left unfinished; 130/143 after SIGINT/SIGTERM (state saved); 75 when
     the storage filled up (state saved: free space, then resume)."""
-    from calibtune.study._search import SIGNAL_EXIT, STORAGE_FULL_EXIT
+    from calibtune.study import SIGNAL_EXIT, STORAGE_FULL_EXIT
 
     if outcome.storage_full:
         print(f"calibtune {command}: {outcome.stopped_by}", file=sys.stderr)
@@ -171,13 +174,14 @@ def _exit_code(outcome: Any, command: str = "run") -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from calibtune.study import load_study, run_study
+    from calibtune.study import run_study
+    from calibtune.studyfile import load_study
 
     if not args.verbose:
         quiet_output()  # before the preflight opens the store (MLflow logs its migrations)
     with usage(args.study):
         if args.study_env:
-            from calibtune.study._config import study_from_text
+            from calibtune.studyfile import study_from_text
 
             study = study_from_text(os.environ[args.study_env], f"submitted {args.study_env}")
         elif args.study:
@@ -243,7 +247,7 @@ def _finished_study(args: argparse.Namespace) -> tuple[Any, Any]:
     """The `StudyRef` of compare/report/export and its trials (`trials_frame`, unfinished ones
     included: the command's one MLflow query): its tracking store checked (exists, answers) and
     holding at least one finished trial; else a one-line ValueError."""
-    from calibtune.study._results import locate_study, trials_frame
+    from calibtune.readers import locate_study, trials_frame
 
     if args.tracking_uri:
         uri = resolve_tracking_uri(args.tracking_uri)
@@ -260,7 +264,7 @@ def _finished_study(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from calibtune.study._results import compare_table, format_table
+    from calibtune.readers import compare_table, format_table
 
     with usage():
         ref, trials = _finished_study(args)
@@ -280,13 +284,13 @@ def _data_note(trials: Any) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from calibtune.study._results import format_table, report_table
+    from calibtune.readers import format_table, report_table
 
     with usage():
         out = check_out_file(args.out, "--out") if args.out else None
         ref, trials = _finished_study(args)
         if args.baseline is not None:
-            from calibtune.study._paired import paired_table
+            from calibtune.readers import paired_table
 
             table = paired_table(ref, args.baseline, trials=trials)
         else:
@@ -309,7 +313,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from calibtune.study._results import export_best
+    from calibtune.readers import export_best
 
     with usage():
         if args.top < 1:
@@ -326,7 +330,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:
-    from calibtune.study import load_study
+    from calibtune.studyfile import load_study
 
     if not args.verbose:
         quiet_output()  # Ray's packaging and upload lines
@@ -401,7 +405,7 @@ def _cmd_ui(args: argparse.Namespace) -> int:
         check_tracking_uri(uri, key, must_exist=True)
         if args.port is not None:
             check_port_free(args.port)
-    from calibtune.study._ui import ui_lines
+    from calibtune.readers import ui_lines
 
     return _serve("ui", lambda url: ui_lines(uri, url), lambda: start_ui(uri, args.port))
 
@@ -410,8 +414,8 @@ def _cmd_ui(args: argparse.Namespace) -> int:
 
 
 def _cmd_dashboard(args: argparse.Namespace) -> int:
-    from calibtune.study._config import load_study
-    from calibtune.study._search import optuna_storage_url
+    from calibtune.study import optuna_storage_url
+    from calibtune.studyfile import load_study
 
     with usage():
         p = Path(args.study)

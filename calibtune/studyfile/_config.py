@@ -24,8 +24,8 @@ from calibtune._names import check_experiment, check_name
 from calibtune._validate import check_bool, check_float, check_int, check_keys, check_mapping
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
-from calibtune.study._constraints import Constraint, parse_constraints
-from calibtune.study._spaces import (
+from calibtune.studyfile._constraints import Constraint, parse_constraints
+from calibtune.studyfile._spaces import (
     LossSpace,
     Space,
     SpaceError,
@@ -94,7 +94,7 @@ class SearchConfig:
     sampler: str = "tpe"
     sampler_seed: int = 0
     num_samples: int = 8
-    max_concurrent: int | str = "auto"  # auto: what the cluster holds (study/_concurrency.py)
+    max_concurrent: int | str = "auto"  # auto: what the cluster holds (cluster/_concurrency.py)
     objectives: tuple[Objective, ...] = (Objective("val/ece@ts", "min"),)
     scheduler: str = "none"
     grace_period: int = 1
@@ -102,7 +102,7 @@ class SearchConfig:
     max_failures: int = 3  # retries of a lost process or node; a trial's own error: none
     reuse_actors: bool = True  # a Tune trial process trains trial after trial (imports paid once)
     optuna_storage: str | None = None  # SQLAlchemy URL; None: sqlite <study folder>/optuna.db
-    constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (study/_constraints.py)
+    constraints: tuple[Constraint, ...] = ()  # feasible trials meet all (studyfile/_constraints.py)
     time_budget: float | None = None  # seconds per run/resume; None: no limit (study/_budget.py)
 
 
@@ -295,7 +295,7 @@ def _search(raw: Any, labels: Sequence[str]) -> SearchConfig:
 
 
 def _max_concurrent(v: Any) -> int | str:
-    """``auto`` (as many trials as the cluster holds, `calibtune.study._concurrency`) or a cap
+    """``auto`` (as many trials as the cluster holds, `calibtune.cluster._concurrency`) or a cap
     >= 1."""
     if v == "auto":
         return "auto"

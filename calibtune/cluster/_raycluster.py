@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from calibtune._raysettings import apply_train_env, train_runtime_env
-from calibtune.study._display import quiet_output
+from calibtune.cluster._quiet import quiet_output
 
 # Lazy: Ray and `calibtune.trial` (torch) are imported when a study starts Ray, so that the CLI
 # can import this module for its job client without them (bench/bench_cli.py).
@@ -143,7 +143,7 @@ def check_cluster(study: Any, wait_s: float | None = None) -> None:
         # the user's own wait may be for nodes added by hand: no autoscaler's verdict ends it
         ask = wait_s is None and limits == {} and autoscaler_v2()
         wait_for_nodes(study, exc, wait, limits, ask_autoscaler=ask)
-    from calibtune.study._nodes import check_node_versions
+    from calibtune.cluster._nodes import check_node_versions
 
     check_node_versions()  # every other node runs the driver's versions (none: local Ray)
 

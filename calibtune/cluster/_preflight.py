@@ -22,10 +22,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from calibtune.cluster._raycluster import check_trials_fit
 from calibtune.record import resolve_tracking_uri
 from calibtune.storage import Storage, open_storage
-from calibtune.study._raycluster import check_trials_fit
-from calibtune.study._studydir import STUDY_COPY, StudyDir, StudyDirError, default_storage
+from calibtune.studyfile import STUDY_COPY, StudyDir, StudyDirError, default_storage
 
 # Lazy: Ray (`ray._private`) only for the checks of a cluster address, so that the CLI's
 # compare/report/export and --help never import it (bench/bench_cli.py).
@@ -445,10 +445,10 @@ def _probe_write(parsed: Any, timeout: float) -> str | None:
 
 def _check_optuna_study(study: Any, where: Storage, key: str) -> None:
     """A named Optuna storage usable (`check_optuna_storage`) and, if it holds the study's
-    Optuna study already, that of this study folder (`calibtune.study._optuna.
+    Optuna study already, that of this study folder (`calibtune.record._optuna.
     study_id_conflict`: a folder deleted and run again, or the study run under another
     storage, would append to another folder's study and seed the sampler with its trials)."""
-    from calibtune.study._optuna import found_study, study_id_conflict
+    from calibtune.record import found_study, study_id_conflict
 
     url = resolve_tracking_uri(study.search.optuna_storage)
     check_optuna_storage(url, key)
@@ -465,7 +465,7 @@ def _check_optuna_study(study: Any, where: Storage, key: str) -> None:
 def check_machine(study: Any, address: str | None) -> None:
     """For a local Ray (no ``address``): every trial of the study fits this machine's CPUs and
     GPUs (`calibtune.trial.local_machine`), known before Ray starts. A cluster's resources are
-    checked once connected (`calibtune.study._raycluster.check_cluster`)."""
+    checked once connected (`calibtune.cluster._raycluster.check_cluster`)."""
     if address and address != "local":
         return
     from calibtune.trial import local_machine
