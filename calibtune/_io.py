@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from calibtune.storage import open_storage
+
 __all__ = ["atomic_write", "cache_home"]
 
 
@@ -20,6 +22,4 @@ def atomic_write(path: str | os.PathLike[str] | Any, text: str) -> None:
     readers see the old or the new file, never a part: through the storage owner (temp file in
     the same folder, fsync, rename; one complete upload to a bucket); a failure (a full disk)
     leaves the old one."""
-    from calibtune.storage import open_storage
-
     open_storage(path).write_text(text)

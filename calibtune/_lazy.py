@@ -3,7 +3,7 @@
 
 A package whose public names live in heavy submodules (torch, Ray, MLflow) declares them here
 instead of importing them: ``calibtune.study.StudyDir`` still works, but importing the package —
-which Python does before any of its submodules, e.g. ``calibtune.commands._study`` for
+which Python does before any of its submodules, e.g. ``calibtune.commands._table`` for
 ``calibtune --help`` or ``calibtune.metrics.keys`` for ``calibtune compare`` — costs nothing.
 """
 

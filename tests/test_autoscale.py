@@ -25,8 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from calibtune._argtypes import parse_duration
 from calibtune.cluster._concurrency import auto_limit, cluster_slots, seed_footprint
-from calibtune.cluster._raycluster import parse_duration, trial_demand, wait_for_nodes
+from calibtune.cluster._raycluster import trial_demand, wait_for_nodes
 from calibtune.study import load_study
 from calibtune.studyfile._config import StudyError, study_from_text
 

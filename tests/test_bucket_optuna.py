@@ -104,7 +104,7 @@ def test_the_url_names_the_unpickling_drivers_file(s3, env, tmp_path, monkeypatc
     open database file")."""
     import cloudpickle
 
-    from calibtune.study._search import optuna_storage_url
+    from calibtune.record._optuna import optuna_storage_url
 
     study = study_from_text(yaml.safe_dump(_raw(tmp_path, "moved")), "unit")
     url = optuna_storage_url(study, StudyDir.at("moved", "s3://calib/studies"))
@@ -120,8 +120,8 @@ def test_a_bucket_study_keeps_its_optuna_study_across_drivers(s3, env, tmp_path:
     driver with an empty cache continues the same Optuna study: the new round's sampler history
     (`optuna_history`, what ``--more`` seeds it with) holds the earlier trials, and a new trial
     is numbered after them."""
+    from calibtune.record._optuna import optuna_storage_url
     from calibtune.study._extend import optuna_history
-    from calibtune.study._search import optuna_storage_url
 
     name = "unitcopy"
     study = study_from_text(yaml.safe_dump(_raw(tmp_path, name)), "unit")
@@ -215,8 +215,7 @@ def test_a_failed_upload_is_a_warning_and_is_sent_again(s3, env, tmp_path: Path)
 def test_a_study_on_a_disk_or_naming_a_server_gets_no_copy(s3, env, tmp_path: Path) -> None:
     """The copy is for a bucket study's SQLite alone: on a disk ``optuna.db`` is in the study
     folder already; a named ``search.optuna_storage`` is the study's record."""
-    from calibtune.record._optuna import optuna_copy_callbacks
-    from calibtune.study._search import optuna_storage_url
+    from calibtune.record._optuna import optuna_copy_callbacks, optuna_storage_url
 
     on_disk = study_from_text(yaml.safe_dump(_raw(tmp_path, "disk")), "unit")
     sd = StudyDir.at("disk", tmp_path / "studies")
@@ -235,6 +234,10 @@ def test_a_study_on_a_disk_or_naming_a_server_gets_no_copy(s3, env, tmp_path: Pa
 # ------------------------------------------------------------------------------ a study
 
 
+# `long`: a bucket study killed and resumed stays in `make test` as
+# test_storage_s3_study.py::test_study_in_a_bucket_is_killed_and_resumed_exactly_once (and the
+# units above keep the Optuna copy's steps)
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_a_bucket_study_without_a_database_server_survives_its_driver(s3, tmp_path) -> None:

@@ -10,7 +10,8 @@ import pytest
 import torch
 import yaml
 
-from calibtune.cli import build_parser, format_metrics_table, main
+from calibtune.cli import build_parser, main
+from calibtune.commands import format_metrics_table
 
 
 def _write(tmp_path: Path, body: dict) -> Path:

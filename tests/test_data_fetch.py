@@ -29,8 +29,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from calibtune._data_cli import DATA_SETS
 from calibtune.cli import main
+from calibtune.commands import DATA_SETS
 from calibtune.data import (
     FETCH_SETS,
     DataVerificationError,

@@ -137,7 +137,7 @@ def test_ray_and_mlflow_lines_caused_by_the_full_disk_are_dropped():
 
 
 def test_storage_full_exit_code_and_one_line(tmp_path, capsys):
-    from calibtune.commands._study import _exit_code
+    from calibtune.commands._run import _exit_code
 
     line = D.full_message(tmp_path)
     outcome = SimpleNamespace(storage_full=True, stopped_by=line, storage=tmp_path)

@@ -37,7 +37,7 @@ def test_retryable_tells_lost_nodes_from_own_errors() -> None:
 def test_a_study_with_trials_failed_for_good_exits_3(tmp_path: Path, capsys) -> None:
     from types import SimpleNamespace
 
-    from calibtune.commands._study import TRIALS_FAILED_EXIT, _exit_code
+    from calibtune.commands._run import TRIALS_FAILED_EXIT, _exit_code
 
     def outcome(**counts: int) -> SimpleNamespace:
         base = {"finished": 0, "failed": 0, "stopped": 0, "unfinished": 0}

@@ -331,14 +331,15 @@ def test_submit_commands_pass_submits_checks_up_to_the_cluster(monkeypatch, caps
     fetches exactly the sets the study reads into the absolute root, then runs the study."""
     import shlex
 
-    import calibtune.cluster._preflight as preflight
-    import calibtune.commands._study as study_cli
+    import calibtune.cli as cli
+    import calibtune.cluster._jobs as jobs
+    import calibtune.commands._jobs as study_cli
     from calibtune.cli import main
     from calibtune.data import sets_read_by
 
     sent: list[tuple[str, dict[str, Any]]] = []
-    monkeypatch.setattr(preflight, "preflight_submit", lambda study, **where: None)
-    monkeypatch.setattr(study_cli, "quiet_output", lambda: None)
+    monkeypatch.setattr(jobs, "preflight_submit", lambda study, **where: None)
+    monkeypatch.setattr(cli, "quiet_output", lambda: None)
     monkeypatch.setattr(study_cli, "job_client", lambda address: address)
     monkeypatch.setattr(
         study_cli, "submit_job", lambda client, **job: sent.append((client, job)) or "raysubmit_x"

@@ -248,7 +248,7 @@ def test_provenance_block_round_trips_and_names_version_drift(tmp_path, capsys):
         read_provenance,
         version_drift,
     )
-    from calibtune.cli import _warn_version_drift
+    from calibtune.commands._train import _warn_version_drift
 
     prov = {
         "git_sha": "abc",
@@ -284,7 +284,7 @@ def test_a_config_without_provenance_imports_no_library_for_the_drift_check(tmp_
     path = tmp_path / "plain.yaml"
     path.write_text("name: x\n")
     code = (
-        "import sys; from calibtune.cli import _warn_version_drift; "
+        "import sys; from calibtune.commands._train import _warn_version_drift; "
         f"_warn_version_drift({str(path)!r}); print('mlflow' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

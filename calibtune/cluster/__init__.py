@@ -7,7 +7,7 @@ output kept to one line (`quiet_output`).
 from calibtune._lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["check_cluster", "init_ray", "parse_duration"], "._raycluster"),
+    **dict.fromkeys(["check_cluster", "init_ray"], "._raycluster"),
     **dict.fromkeys(
         [
             "check_dir",

@@ -23,6 +23,7 @@ import ray
 from ray.tune.search import ConcurrencyLimiter
 
 from calibtune.studyfile import StudyConfig
+from calibtune.trial import worker_bundle
 
 # Ray at import: `calibtune.study._search` imports this module only when a study runs.
 
@@ -47,8 +48,6 @@ def seed_footprint(study: StudyConfig) -> dict[str, float]:
     >>> seed_footprint(study_from_text("name: s\\nlosses: [cross_entropy]", "s"))
     {'CPU': 1.0}
     """
-    from calibtune.trial import worker_bundle
-
     s = study.base_config().scaling
     n = max(s.num_workers, 1)
     return {k: v * n for k, v in worker_bundle(s).items() if v > 0}

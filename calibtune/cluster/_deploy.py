@@ -16,6 +16,9 @@ from typing import Any
 
 import yaml
 
+from calibtune.cluster._jobs import job_spec
+from calibtune.studyfile import load_study, self_contained
+
 __all__ = ["EXAMPLE", "launcher", "pinned_dependencies", "pins", "rayjob", "render"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,9 +171,6 @@ def example_spec() -> dict[str, Any]:
     """`job_spec` of `EXAMPLE` on a stock Ray image: what ``calibtune submit`` sends for it,
     with the project's pinned dependencies installed by Ray (``pip``) and its code from a zip in
     the bucket (KubeRay uploads nothing); the forwarded variables come from `SECRET`."""
-    from calibtune.cluster._jobs import job_spec
-    from calibtune.studyfile import load_study, self_contained
-
     study = load_study(ROOT / EXAMPLE["study"])
     deps = pinned_dependencies(
         (ROOT / "pyproject.toml").read_text(), (ROOT / "constraints.txt").read_text()

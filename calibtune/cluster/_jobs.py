@@ -38,12 +38,17 @@ from typing import Any
 
 import yaml
 
-from calibtune.cluster._preflight import check_address
+from calibtune import data as D
+from calibtune._raysettings import QUIET_ENV
+from calibtune._yaml import load_text
+from calibtune.cluster._preflight import check_address, preflight_submit
 from calibtune.cluster._raycluster import client_token_auth
+from calibtune.record import resolve_tracking_uri
 from calibtune.storage import check_location
+from calibtune.studyfile import self_contained
 
-# Lazy: Ray's job client is imported by the cluster subcommands alone (submit, status, logs),
-# so that `calibtune --help` does not import Ray (bench/bench_cli.py).
+# Ray's job client is imported where a cluster is reached: building a submission (and the deploy
+# recipes, `calibtune.cluster._deploy`) needs no Ray.
 
 __all__ = [
     "FORWARDED_NAMES",
@@ -144,7 +149,6 @@ _RAY_LIMIT = 512 * 1024**2
 def ray_address(address: str | None) -> str:
     """The dashboard address (--address, else $RAY_API_SERVER_ADDRESS or $RAY_ADDRESS), checked
     to accept a TCP connection within 5 s (the job client would retry for minutes)."""
-
     key, addr = "--address", address
     for var in ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS"):
         if not addr and os.environ.get(var):
@@ -240,8 +244,6 @@ def _where(key: str, got: str) -> str:
 def with_data_root(study: Any, root: str) -> Any:
     """The study with ``trial.data.root`` set to ``root`` (``--data-root``), in its text too:
     the submitted copy (`self_contained`) is made from the text."""
-    from calibtune._yaml import load_text
-
     raw = load_text(study.text, "study")
     raw["trial"]["data"] = {**(raw["trial"].get("data") or {}), "root": root}
     trial = {**study.trial, "data": {**(study.trial.get("data") or {}), "root": root}}
@@ -251,9 +253,8 @@ def with_data_root(study: Any, root: str) -> Any:
 
 def _sets_read(data: Mapping[str, Any]) -> list[str]:
     """The `calibtune data fetch` names a trial with this ``trial.data`` reads."""
-    from calibtune.data import sets_read_by
 
-    return sets_read_by(data.get("name", "digits"), data.get("ood"), data.get("shift"))
+    return D.sets_read_by(data.get("name", "digits"), data.get("ood"), data.get("shift"))
 
 
 def check_data_roots(study: Any, *, fetch: bool = False, key: str | None = None) -> None:
@@ -309,12 +310,11 @@ def fetch_command(study: Any, mirror: str | None = None) -> list[str]:
     >>> fetch_command(S(trial={"data": data}))
     ['calibtune', 'data', 'fetch', 'cifar10', 'svhn', '--root', '/shared/data']
     """
-    from calibtune.data import fetch_argv
 
     data = (study.trial or {}).get("data") or {}
     if mirror is not None and not mirror.startswith(("http://", "https://", "file://")):
         raise ValueError(f"--mirror: expected an http://, https:// or file:// URL, got {mirror!r}")
-    return fetch_argv(
+    return D.fetch_argv(
         data.get("name", "digits"),
         str(data.get("root")),
         data.get("ood"),
@@ -326,8 +326,6 @@ def fetch_command(study: Any, mirror: str | None = None) -> list[str]:
 def load_runtime_env(path: str | Path) -> dict[str, Any]:
     """A ``--runtime-env`` file (YAML or JSON): a mapping of Ray ``runtime_env`` keys
     (`RUNTIME_ENV_KEYS`), ``env_vars`` strings to strings."""
-    from calibtune._yaml import load_text
-
     key = f"--runtime-env {path}"
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -486,8 +484,6 @@ def job_spec(
     >>> spec["runtime_env"]["env_vars"]["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"]
     'false'
     """
-    from calibtune._raysettings import QUIET_ENV
-
     argv = [python, "-m", "calibtune", "run", "--study-env", STUDY_ENV, "--address", "auto"]
     argv += ["--storage", storage, "--tracking-uri", tracking_uri]
     argv += ["--verbose"] if verbose else []
@@ -618,10 +614,6 @@ def submission(
     replaces the study's; with ``fetch`` the job fetches the sets the study reads there first,
     from ``mirror`` if given), the ``--runtime-env`` file, the upload's size. Nothing is
     contacted or written but the stores' checks (`preflight_submit`)."""
-    from calibtune.cluster._preflight import preflight_submit
-    from calibtune.record import resolve_tracking_uri
-    from calibtune.studyfile import self_contained
-
     store, uri = check_job_uris(storage or study.storage, tracking_uri or study.tracking.uri)
     env = forwarded_env(os.environ, env_names)
     if mirror is not None and not fetch:

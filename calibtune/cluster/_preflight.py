@@ -23,12 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from calibtune.cluster._raycluster import check_trials_fit
-from calibtune.record import resolve_tracking_uri
+from calibtune.record import found_study, resolve_tracking_uri, study_id_conflict
 from calibtune.storage import Storage, open_storage
 from calibtune.studyfile import STUDY_COPY, StudyDir, StudyDirError, default_storage
 
-# Lazy: Ray (`ray._private`) only for the checks of a cluster address, so that the CLI's
-# compare/report/export and --help never import it (bench/bench_cli.py).
+# Ray (`ray._private`) only for the checks of a cluster address: compare/report/export use this
+# module's other checks without Ray (tests/test_cli_imports.py).
 
 __all__ = [
     "check_address",
@@ -228,7 +228,6 @@ def check_address(
 
 def _http_status(url: str, timeout: float) -> int | str:
     """The HTTP status of a GET (an error status counts as an answer), else why none came."""
-
     ctx = None
     if os.environ.get("MLFLOW_TRACKING_INSECURE_TLS", "").lower() == "true":
         ctx = ssl._create_unverified_context()  # what MLflow's client does with this setting
@@ -250,7 +249,6 @@ def _http_status(url: str, timeout: float) -> int | str:
 
 def _check_http(uri: str, key: str, timeout: float = HTTP_TIMEOUT_S) -> None:
     """An MLflow server answers ``/health`` (or its REST API, e.g. behind auth) in ``timeout``."""
-
     base = uri.rstrip("/")
     deadline = time.monotonic() + timeout
     status = _http_status(f"{base}/health", timeout)
@@ -303,7 +301,6 @@ def _check_sqlite(uri: str, key: str, must_exist: bool) -> None:
 def _plugin_scheme(scheme: str) -> bool:
     """Whether an installed MLflow plugin registers ``scheme`` as a tracking store (the entry
     points MLflow's TrackingStoreRegistry loads; read without importing MLflow)."""
-
     return any(ep.name == scheme for ep in entry_points(group="mlflow.tracking_store"))
 
 
@@ -448,8 +445,6 @@ def _check_optuna_study(study: Any, where: Storage, key: str) -> None:
     Optuna study already, that of this study folder (`calibtune.record._optuna.
     study_id_conflict`: a folder deleted and run again, or the study run under another
     storage, would append to another folder's study and seed the sampler with its trials)."""
-    from calibtune.record import found_study, study_id_conflict
-
     url = resolve_tracking_uri(study.search.optuna_storage)
     check_optuna_storage(url, key)
     sd = StudyDir.at(study.name, where)
@@ -468,6 +463,7 @@ def check_machine(study: Any, address: str | None) -> None:
     checked once connected (`calibtune.cluster._raycluster.check_cluster`)."""
     if address and address != "local":
         return
+    # deferred: torch; compare/report/export use this module's other checks without it
     from calibtune.trial import local_machine
 
     have, where = local_machine()
@@ -525,7 +521,6 @@ def preflight_resume(study: str | Path, *, address: str | None, storage: str | N
     """`calibtune resume`: the study folder (writable, free space), its state file and the
     tracking store recorded there, Ray Tune's state (complete, really a Tuner's), the Ray address.
     A folder that holds no study is left to `resume_study`, which says so."""
-
     try:
         sd = StudyDir.find(study, storage)
     except StudyDirError:

@@ -9,17 +9,26 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import sys
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from calibtune._raysettings import apply_train_env, train_runtime_env
+from calibtune.cluster._nodes import check_node_versions
 from calibtune.cluster._quiet import quiet_output
 
-# Lazy: Ray and `calibtune.trial` (torch) are imported when a study starts Ray, so that the CLI
-# can import this module for its job client without them (bench/bench_cli.py).
+
+def _trial() -> Any:
+    """The trial engine (`calibtune.trial`), for the checks that place a trial's workers."""
+    # deferred: torch; compare/report/export reach this module (the preflight checks) without it
+    from calibtune import trial
+
+    return trial
+
+
+# Ray is imported when a study starts or reads Ray: compare/report/export reach this module
+# (through the preflight checks) without Ray.
 
 __all__ = [
     "autoscaler_limits",
@@ -29,7 +38,6 @@ __all__ = [
     "client_token_auth",
     "init_ray",
     "local_system_config",
-    "parse_duration",
     "runs_node_types",
     "shortfall",
     "trial_demand",
@@ -58,7 +66,6 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, verbose: b
     """Connect to ``address`` or start a local Ray sized for this machine. ``verbose=False``:
     no forwarding of worker/actor logs (e.g. Ray Train's PlacementGroupCleaner lines; trial
     errors still reach the driver through Tune) and `quiet_output`."""
-
     import ray
 
     if not verbose:
@@ -117,7 +124,7 @@ def check_trials_fit(
     """Fail in one line (ending with ``hint``) when some trial of the study
     (`StudyConfig.scaling_configs`: its searched scaling keys at their worst) cannot fit
     ``available`` (Ray would wait forever)."""
-    from calibtune.trial import check_resources
+    check_resources = _trial().check_resources
 
     prefix = f"{study.path}: trial." if study.path else "trial."
     for corner, cfg in study.scaling_configs():
@@ -143,7 +150,6 @@ def check_cluster(study: Any, wait_s: float | None = None) -> None:
         # the user's own wait may be for nodes added by hand: no autoscaler's verdict ends it
         ask = wait_s is None and limits == {} and autoscaler_v2()
         wait_for_nodes(study, exc, wait, limits, ask_autoscaler=ask)
-    from calibtune.cluster._nodes import check_node_versions
 
     check_node_versions()  # every other node runs the driver's versions (none: local Ray)
 
@@ -151,7 +157,7 @@ def check_cluster(study: Any, wait_s: float | None = None) -> None:
 def _check_fits(study: Any) -> None:
     import ray
 
-    from calibtune.trial import check_placement_on_cluster
+    check_placement_on_cluster = _trial().check_placement_on_cluster
 
     check_trials_fit(study, ray.cluster_resources(), "the Ray cluster")
     for _, cfg in study.scaling_configs():
@@ -276,7 +282,7 @@ def trial_demand(study: Any) -> list[dict[str, float]]:
     """The bundles of one seed of the study's largest trial (`StudyConfig.scaling_configs` at
     their worst): one per worker, one in local mode. A trial starts when one seed fits (its
     other seeds wait in Ray's queue, where an autoscaler sees them)."""
-    from calibtune.trial import worker_bundle
+    worker_bundle = _trial().worker_bundle
 
     best: list[dict[str, float]] = []
     for _, cfg in study.scaling_configs():
@@ -384,41 +390,3 @@ def _request(bundles: list[dict[str, float]]) -> None:
         request_resources(bundles=bundles)
     except Exception:  # pragma: no cover - no autoscaler API: the pending trials ask
         pass
-
-
-_UNITS = {
-    **dict.fromkeys(["s", "sec", "secs", "second", "seconds"], 1.0),
-    **dict.fromkeys(["m", "min", "mins", "minute", "minutes"], 60.0),
-    **dict.fromkeys(["h", "hr", "hrs", "hour", "hours"], 3600.0),
-    **dict.fromkeys(["d", "day", "days"], 86400.0),
-}
-_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
-_PART = re.compile(rf"\s*({_NUMBER})\s*([a-z]*)")
-_CLOCK = re.compile(r"(?:(\d+):)?(\d+):([0-5]\d(?:\.\d*)?)")  # [H:]M:SS, as the status line
-
-
-def parse_duration(text: str) -> float:
-    """Seconds of ``--wait-for-resources``: a number of seconds (``600``), one or more numbers
-    with units (``90s``, ``10m``, ``1.5h``, ``1h30m``, ``10 min``, ``2 days``) or the status
-    line's clock (``10:00``, ``1:30:00``); a ValueError saying what was expected otherwise.
-
-    >>> parse_duration("10m"), parse_duration("90s"), parse_duration("1h 30m"), parse_duration("0")
-    (600.0, 90.0, 5400.0, 0.0)
-    >>> parse_duration("10:00"), parse_duration("1:02:03")
-    (600.0, 3723.0)
-    """
-    t = text.strip().lower()
-    if clock := _CLOCK.fullmatch(t):
-        h, m, sec = clock.groups()
-        return int(h or 0) * 3600.0 + int(m) * 60.0 + float(sec)
-    parts, pos = [], 0
-    while pos < len(t) and (part := _PART.match(t, pos)) and part.end() > pos:
-        parts.append(part.groups())
-        pos = part.end()
-    units = [u for _, u in parts]
-    plain = len(parts) == 1 and not units[0]  # a bare number: seconds
-    if pos < len(t) or not parts or not (plain or all(u in _UNITS for u in units)):
-        raise ValueError(
-            f"expected a duration such as 600, 90s, 10m, 1.5h, 1h30m or 10:00, got {text!r}"
-        )
-    return sum(float(v) * _UNITS.get(u, 1.0) for v, u in parts)

@@ -20,6 +20,9 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from ._common import NormalizedImages
+from ._datasets import load_splits
+from ._ood import default_ood, load_ood, ood_severities
+from ._shift import default_shift, load_shift, shift_severities
 
 __all__ = ["DataInput", "array_digest", "data_inputs", "dataset_digest"]
 
@@ -96,9 +99,6 @@ def data_inputs(
     at each severity, with their digests; cached per process. ``ood``/``shift`` None: the
     dataset's defaults (`default_ood`, `default_shift`), as a trial config's ``data.ood`` and
     ``data.shift`` mean it."""
-    from ._ood import default_ood
-    from ._shift import default_shift
-
     ood = tuple(default_ood(dataset)) if ood is None else tuple(ood)
     shift = tuple(default_shift(dataset)) if shift is None else tuple(shift)
     return _data_inputs(
@@ -115,10 +115,6 @@ def _data_inputs(
     ood: tuple[str, ...],
     shift: tuple[str, ...],
 ) -> tuple[DataInput, ...]:
-    from ._datasets import load_splits
-    from ._ood import load_ood, ood_severities
-    from ._shift import load_shift, shift_severities
-
     splits = load_splits(dataset, root=root, seed=seed, val_fraction=val_fraction)
     out = [
         DataInput(f"{dataset}/{part}", context, dataset_digest(ds), len(ds))  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .._io import atomic_write
 from ._common import DatasetNotFoundError, SetCheck, resolve_root
+from ._imagenet import verify_imagenet
 from ._sources import FetchSet, fetch_set
 
 __all__ = [
@@ -144,8 +145,6 @@ def verify_set(name: str, root: object = None, *, full: bool = True) -> SetCheck
     A set the user prepares (`PREPARED_SETS`: ImageNet) is checked by its own verifier: its
     layout and (``full``) every file's header."""
     if name in PREPARED_SETS:
-        from ._imagenet import verify_imagenet
-
         return verify_imagenet(root, full=full)  # type: ignore[return-value]
     fs = fetch_set(name)
     base = resolve_root(root, name)

@@ -26,7 +26,7 @@ _EXPORTS = {
     **dict.fromkeys(["paired_table"], "._paired"),
     **dict.fromkeys(["load_optuna_study", "rdb_storage", "refresh_summary"], "._summary"),
     **dict.fromkeys(
-        ["check_port_free", "port_number", "start_dashboard", "start_ui", "stop_ui", "ui_lines"],
+        ["check_port_free", "start_dashboard", "start_ui", "stop_ui", "ui_lines"],
         "._ui",
     ),
 }

@@ -12,6 +12,7 @@ import math
 import os
 import shutil
 import tempfile
+import types
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,15 @@ from calibtune.record import (
     resolve_tracking_uri,
 )
 from calibtune.studyfile import TAG_FEASIBLE, Constraint, StudyDir, StudyDirError, judge, load_study
+
+
+def _engine() -> types.SimpleNamespace:
+    """The trial engine and the post-hoc registry (``.trial``, ``.posthoc``), for the readers
+    that rebuild a config or a method's T grid."""
+    # deferred: torch; compare/report/export read a study without it
+    from calibtune import posthoc, trial
+
+    return types.SimpleNamespace(posthoc=posthoc, trial=trial)
 
 
 class StudyNotFoundError(ValueError):
@@ -335,7 +345,7 @@ def t_grid_ends(ref: StudyRef) -> dict[str, tuple[float, float]]:
                     Path(client.download_artifacts(ref.parent_run_id, name, tmp)).read_text()
                 )
                 if isinstance(raw, dict) and "losses" in raw:  # the study, not a loss space
-                    from calibtune.trial import config_from_dict  # studies older than the tag
+                    config_from_dict = _engine().trial.config_from_dict
 
                     trial = {**dict(raw.get("trial") or {}), "loss": {"name": "cross_entropy"}}
                     return grid_ends(config_from_dict(trial).eval.posthoc)
@@ -351,7 +361,7 @@ def grid_ends(posthoc: Any) -> dict[str, tuple[float, float]]:
     >>> grid_ends({"ts": {"criterion": "ece"}, "focal_ts": {}, "spline": {}})
     {'ts': (0.1, 10.0), 'focal_ts': (0.01, 5.0)}
     """
-    from calibtune.posthoc import build_posthoc, t_range
+    build_posthoc, t_range = _engine().posthoc.build_posthoc, _engine().posthoc.t_range
 
     out = {}
     for name, params in posthoc.items():

@@ -23,6 +23,8 @@ from typing import Any
 import optuna
 
 from calibtune.metrics import keys as K
+from calibtune.plots import _study as P
+from calibtune.plots import drawing, save_png
 from calibtune.readers._results import (
     StudyRef,
     compare_table,
@@ -42,9 +44,6 @@ from calibtune.record import (
     recorded_ids,
 )
 from calibtune.studyfile import StudyConfig
-
-# Lazy: MLflow and matplotlib (`calibtune.plots`) only where a summary is logged or drawn, so that
-# `calibtune dashboard`, which imports `_search` and through it this module, loads neither.
 
 __all__ = ["TAG_BEST", "best_key", "refresh_summary", "study_params", "summarize_study"]
 
@@ -157,8 +156,6 @@ def _log_best(client: Any, ref: StudyRef, df: Any) -> None:
 def _figures(
     study: StudyConfig, ref: StudyRef, df: Any, optuna_study: Any | None, out: Path
 ) -> list[str]:
-    from calibtune.plots import _study as P
-    from calibtune.plots import drawing, save_png
 
     notes: list[str] = []
     df = df[df["status"] != "running"].sort_values("start_time", kind="stable")

@@ -3,7 +3,6 @@ given, checked) port, returned once they answer."""
 
 from __future__ import annotations
 
-import argparse
 import errno
 import os
 import shutil
@@ -23,7 +22,6 @@ from calibtune.record import EXPERIMENT_TAGS
 __all__ = [
     "check_port_free",
     "free_port",
-    "port_number",
     "runs_url",
     "start_dashboard",
     "start_ui",
@@ -114,17 +112,6 @@ def stop_ui(proc: subprocess.Popen) -> None:
         proc.wait(timeout=10)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         os.killpg(proc.pid, signal.SIGKILL)
-
-
-def port_number(text: str) -> int:
-    """argparse type of a TCP port: an integer in 1..65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {text!r}")
-    return port
 
 
 def check_port_free(port: int, key: str = "--port") -> None:

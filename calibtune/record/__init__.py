@@ -102,6 +102,7 @@ _EXPORTS = {
             "make_sampler",
             "open_optuna_study",
             "optuna_copy_callbacks",
+            "optuna_storage_url",
             "persist_ended",
             "pull_optuna_copy",
             "push_optuna_copy",

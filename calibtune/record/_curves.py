@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from calibtune.metrics import keys as K
+from calibtune.record._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
 
 __all__ = ["curve", "objective_curves"]
 
@@ -46,8 +47,6 @@ def objective_curves(
     every seed reached (`mean_curve`). Only those trials' runs are read (one search per trial
     and per trial's seeds): the driver calls this for the trials that just ended, at a cost
     that does not grow with the runs the study already has."""
-    from calibtune.record._tracking import PARENT, TAG_KIND, TAG_TRIAL, _client, find_runs
-
     client, name = _client(uri), K.to_mlflow(metric)
     out: dict[str, dict[int, float]] = {}
     for trial_id in dict.fromkeys(trial_ids):

@@ -16,6 +16,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from calibtune import data as D
+
 __all__ = ["check_same_data", "data_columns", "data_note", "log_data_inputs", "trial_inputs"]
 
 CONTEXT_TAG = "mlflow.data.context"  # MLflow's own tag for a dataset input's role
@@ -30,11 +32,9 @@ _ATTEMPTS = 5
 def trial_inputs(cfg: Any) -> tuple[Any, ...]:
     """The `calibtune.data._digest.DataInput` of every split, OOD and shift set the trial
     config ``cfg`` trains and evaluates on (digests cached per process)."""
-    from calibtune.data import data_inputs
-
     d = cfg.data
     # the splits the trial trains on are drawn with data.split_seed, not the trial's seed
-    return data_inputs(d.name, d.root, d.split_seed, d.val_fraction, d.ood, d.shift)
+    return D.data_inputs(d.name, d.root, d.split_seed, d.val_fraction, d.ood, d.shift)
 
 
 def log_data_inputs(uri: str, run_id: str, inputs: Iterable[Any]) -> None:

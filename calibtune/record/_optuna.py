@@ -35,7 +35,16 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from calibtune.studyfile import Constraint, StudyConfig, baseline_values, violations
+from calibtune.record._tracking import resolve_tracking_uri
+from calibtune.studyfile import (
+    Constraint,
+    StudyConfig,
+    StudyDir,
+    StudyDirError,
+    baseline_values,
+    new_study_id,
+    violations,
+)
 
 __all__ = [
     "OPTUNA_FILE",
@@ -51,6 +60,7 @@ __all__ = [
     "load_sqlite_copy",
     "make_sampler",
     "optuna_copy_callbacks",
+    "optuna_storage_url",
     "pull_optuna_copy",
     "push_optuna_copy",
     "save_sqlite_copy",
@@ -405,8 +415,6 @@ def bind_study(study: StudyConfig, url: str | None, state: Any) -> str:
     `calibtune.studyfile._studydir.StudyDirError`) and recording the id there (`STUDY_ID_ATTR`,
     the Optuna study created if new). Without ``url`` (the folder's own ``optuna.db``) nothing
     else can share it: the id only."""
-    from calibtune.studyfile import StudyDirError, new_study_id
-
     study_id = getattr(state, "study_id", None) or new_study_id()
     if not url:
         return study_id
@@ -540,8 +548,6 @@ def load_sqlite_copy(source: Any, local: str | os.PathLike[str]) -> bool:
     import shutil
     import sqlite3
 
-    from calibtune.studyfile import StudyDirError
-
     local = os.fspath(local)
     os.makedirs(os.path.dirname(local), exist_ok=True)
     for side in ("-journal", "-wal", "-shm"):
@@ -633,3 +639,12 @@ def optuna_copy_callbacks(study: StudyConfig, sd: Any) -> list[Any]:
             return None  # nothing of its own to save
 
     return [OptunaCopy()]
+
+
+def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
+    """The study's Optuna RDB storage: ``search.optuna_storage`` (relative SQLite paths against
+    the working directory) or SQLite ``<study folder>/optuna.db`` (for a study in a bucket, in
+    the driver's cache, its copy in the bucket: `calibtune.record._optuna.push_optuna_copy`)."""
+    if study.search.optuna_storage:
+        return resolve_tracking_uri(study.search.optuna_storage)
+    return sqlite_url(study, sd)  # in a bucket: the driver's file wherever Tune unpickles it

@@ -107,6 +107,7 @@ from calibtune.record._run_values import (
 from calibtune.record._run_values import (
     find_runs as find_runs,
 )
+from calibtune.storage import disk_full_text
 
 # Lazy: MLflow, Optuna, Ray, torch and `calibtune.trial` are imported by the functions that use
 # them, so that the CLI's --help imports this module without them (bench/bench_cli.py).
@@ -416,8 +417,6 @@ class ChildRun:
         the trial's failure: the run stays unfinished and `resume` continues it, also when Tune
         requeues the trial and the study stops before telling its callbacks
         (`reopen_interrupted` for the trials they are told of)."""
-        from calibtune.storage import disk_full_text
-
         assert self.run_id is not None
         if disk_full_text(reason) or disk_full_text(detail):
             return
@@ -577,6 +576,7 @@ class MlflowTrialCallback:
         self.flush()
         client = _client(self.uri)
         log_missing(self.uri, self.run_id, metrics, step=0)
+        # torch: a study's trial process coordinates seeds without the trial engine (parallel seeds)
         from calibtune.trial import TAG_WORKER_NODES, worker_nodes_tag
 
         if K.SELECTED_EPOCH in metrics:  # eval.select_epoch: best
@@ -618,6 +618,7 @@ def render_deferred_figures(uri: str, exp_id: str, study_name: str) -> int:
     files. The tag is removed only after the figures are logged: a driver killed in between
     leaves it for the next call (a resumed study's), which logs the same files again over
     them, so each run ends with one copy of each figure."""
+    # matplotlib: the trial processes importing this module defer figures (test_deferred_figures)
     from calibtune.plots import save_trial_figures
 
     client = _client(uri)

@@ -18,10 +18,8 @@ _EXPORTS = {
         "._lock",
     ),
     **dict.fromkeys(["StorageNotSharedError", "check_nodes_see"], "._probe"),
-    **dict.fromkeys(
-        ["atomic_filesystem", "disk_full_text", "forget_full", "full_paths", "note_full"],
-        "._local",
-    ),
+    **dict.fromkeys(["disk_full_text", "forget_full", "full_paths", "note_full"], "._atomic"),
+    **dict.fromkeys(["atomic_filesystem"], "._local"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

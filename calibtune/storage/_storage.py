@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from calibtune.storage._atomic import AtomicWriter
+
 __all__ = ["Storage", "StorageError", "check_location", "open_storage"]
 
 S3_CONNECT_TIMEOUT_S = 5.0
@@ -204,10 +206,8 @@ class Storage:
         without an error; an error (a full disk, the writer's own) keeps the previous file. A
         write that failed is what the block raises, however the caller reported it."""
         if self.is_local:
-            from calibtune.storage._local import _AtomicWriter
-
             self.parent.mkdir()
-            writer = _AtomicWriter(self.path)
+            writer = AtomicWriter(self.path)
             try:
                 yield writer  # type: ignore[misc]
             except BaseException as exc:
@@ -417,6 +417,7 @@ def open_storage(where: str | os.PathLike[str] | Storage, key: str = "storage") 
     text = os.fspath(where)
     parsed = check_location(text, key)
     if parsed is None:
+        # pyarrow (and numpy) only once a path is opened: `calibtune --help` imports this module
         from calibtune.storage._local import atomic_filesystem
 
         return Storage(atomic_filesystem(), os.path.abspath(os.path.expanduser(text)))

@@ -16,7 +16,6 @@ _EXPORTS = {
             "SIGNAL_EXIT",
             "STORAGE_FULL_EXIT",
             "StudyOutcome",
-            "optuna_storage_url",
             "resume_study",
             "run_study",
         ],
@@ -53,7 +52,9 @@ _EXPORTS = {
         ],
         "calibtune.readers",
     ),
-    **dict.fromkeys(["default_tracking_uri", "mlflow_metric_name"], "calibtune.record"),
+    **dict.fromkeys(
+        ["default_tracking_uri", "mlflow_metric_name", "optuna_storage_url"], "calibtune.record"
+    ),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -15,10 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from calibtune.cluster import clear_line
-
-# Lazy: Ray Tune's Callback base class, only when a study builds its Tune callback, so that the
-# CLI imports this module (progress lines, quiet output) without Ray (bench/bench_cli.py).
+from calibtune.cluster import clear_line, slot_usage
 
 __all__ = [
     "Counts",
@@ -110,8 +107,6 @@ def study_slots(study: Any) -> SlotReading:
     """A `SlotReading` of ``study``'s slots on the connected Ray cluster."""
 
     def read() -> tuple[int, int]:
-        from calibtune.cluster import slot_usage  # imports Ray
-
         return slot_usage(study)
 
     return SlotReading(read)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 from calibtune._yaml import load_text
+from calibtune.readers import load_optuna_study, rdb_storage
+from calibtune.record import child_statuses
 from calibtune.studyfile import (
     StudyConfig,
     StudyDir,
@@ -34,8 +36,6 @@ ENDED = ("finished", "failed", "stopped")
 def check_extendable(study: StudyConfig, sd: StudyDir, state: StudyState, more: int) -> None:
     """Refuse, in one line, an extension that cannot continue the study: ``more`` < 1, a grid
     (its points have all run), or a study whose trials have not all ended (resume it first)."""
-    from calibtune.record import child_statuses
-
     if more < 1:
         raise StudyDirError(f"--more: expected an integer >= 1 (trials to add), got {more}")
     if study.search.sampler == "grid":
@@ -85,8 +85,6 @@ def optuna_history(study: StudyConfig, storage_url: str) -> list[Any]:
     """Every ended trial of the study's persisted Optuna study (COMPLETE, PRUNED, FAIL), for the
     new round's sampler (`calibtune.study._constrained.ConstrainedOptunaSearch`)."""
     import optuna
-
-    from calibtune.readers import load_optuna_study, rdb_storage
 
     ot_study = load_optuna_study(study.name, rdb_storage(storage_url))
     if ot_study is None:

@@ -33,12 +33,13 @@ from calibtune.record import (
     reopen_interrupted,
 )
 from calibtune.record import record_failure as _record_failure
+from calibtune.storage import disk_full_text
 from calibtune.study._display import live_display, slots_text, study_slots
+from calibtune.study._scheduling import error_line, last_error, retryable
 from calibtune.study._trainable import REUSED_KEY, StudyPayload, failure_reason
-from calibtune.studyfile import StudyConfig
-
-# Lazy: Ray Tune's Callback base class only when a study builds its callbacks, so that
-# `calibtune dashboard` (imports `_search`, which imports this module) does not load Ray.
+from calibtune.studyfile import StudyConfig, request_stop, storage_full
+from calibtune.studyfile import tolerate_full_store as tolerate
+from calibtune.studyfile import trial_error_text as ray_error
 
 __all__ = ["SummaryWorker", "drain_summaries", "guard_message", "min_free_bytes", "study_callbacks"]
 
@@ -190,8 +191,6 @@ def _child(payload: StudyPayload, trial_id: str) -> Any | None:
 def _trial_error(trial: Any) -> str:
     """Tune's record of a failed trial's error, in one line: Ray 2.60's ``Trial.get_error``
     returns the text of its error file (a traceback), older ones an exception."""
-    from calibtune.study._scheduling import error_line
-
     try:  # Ray's error file may be empty when the disk filled up while writing it
         err = trial.get_error()
     except Exception:
@@ -281,11 +280,6 @@ def _interrupted_by_full_disk(
     """Whether a trial failed because a disk filled up (its reason, the one its run recorded,
     Tune's local record of its error, or an ENOSPC the driver saw on the storage): then its run
     is reopened for `resume` and the study stops (`calibtune.studyfile._diskfull`)."""
-    from calibtune.storage import disk_full_text
-    from calibtune.studyfile import request_stop, storage_full
-    from calibtune.studyfile import tolerate_full_store as tolerate
-    from calibtune.studyfile import trial_error_text as ray_error
-
     recorded = child.data.tags.get(TAG_ERROR, "") if child is not None else ""
     texts = (reason, recorded, ray_error(trial))
     if not storage_full(storage) and not any(map(disk_full_text, texts)):
@@ -369,7 +363,6 @@ class _ProgressLines:
 
     def on_trial_recover(self, iteration, trials, trial, **info):  # type: ignore[no-untyped-def]
         # neither failed in MLflow nor told to Optuna: the retry continues the same run
-        from calibtune.study._scheduling import error_line, last_error, retryable
 
         error = last_error(trial)
         if not retryable(error):
@@ -414,8 +407,6 @@ def _storage_guard(storage: Path) -> Any:
             self.message: str | None = None
 
         def on_step_begin(self, iteration, trials, **info):  # type: ignore[override]
-            from calibtune.studyfile import request_stop, storage_full
-
             if storage_full(storage):  # a write of Tune's state failed: stop before a trial starts
                 request_stop(storage)
                 return

@@ -30,10 +30,11 @@ from ray.exceptions import RayActorError
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from calibtune._failpoints import failpoint
+from calibtune.record import register_running
+from calibtune.storage import Storage
 from calibtune.studyfile import StorageFullError, StudyConfig, storage_full
 
-# Imported by `_search` only when a study runs (this module loads Ray). The scheduler travels in
-# Tune's pickled tuner state, so its classes live at module level.
+# The scheduler travels in Tune's pickled tuner state, so its classes live at module level.
 
 __all__ = [
     "STARTS",
@@ -249,8 +250,6 @@ def starts_folder(controller: Any) -> Any:
     storage file system. ``<round>``: the timestamp Tune gives a run and restores with it (an
     extension's new round in the same folder, `calibtune.study._extend`, has its own, so its
     resume never replays the ended trials of the rounds before)."""
-    from calibtune.storage import Storage
-
     fs, path = controller._storage.storage_filesystem, controller.experiment_path
     scheme = "" if Path(path).is_absolute() and Path(path).is_dir() else fs.type_name
     return Storage(fs, path, scheme) / STARTS / str(controller._storage._timestamp)
@@ -299,8 +298,6 @@ def _register(search_alg: Any, trial: Any) -> None:
     `ConcurrencyLimiter`, a running Optuna trial with its parameters
     (`calibtune.record._optuna.register_running`) unless the searcher's state, saved after the
     trial started, already maps it (a second Optuna trial would be left RUNNING for good)."""
-    from calibtune.record import register_running
-
     limiter = getattr(search_alg, "searcher", None)
     inner = getattr(limiter, "searcher", limiter)
     if hasattr(limiter, "live_trials"):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from calibtune.cluster import check_cluster, init_ray
+from calibtune.cluster import check_cluster, concurrency_limiter, init_ray
 from calibtune.readers import grid_ends, mark_feasibility, refresh_summary
 from calibtune.record import (
     TAG_HASH,
@@ -40,18 +40,20 @@ from calibtune.record import (
     make_sampler,
     open_study_run,
     optuna_copy_callbacks,
+    optuna_storage_url,
     pull_optuna_copy,
     push_optuna_copy,
     resolve_tracking_uri,
     retries_note,
     run_metrics,
-    sqlite_url,
     store_created_meanwhile,
     store_full_errors,
     versions,
     watch_retries,
 )
+from calibtune.storage import check_nodes_see
 from calibtune.study._budget import budget_callbacks, budget_message, budget_note
+from calibtune.study._constrained import ConstrainedOptunaSearch
 from calibtune.study._extend import (
     added_samples,
     check_extendable,
@@ -59,7 +61,9 @@ from calibtune.study._extend import (
     optuna_history,
 )
 from calibtune.study._progress import drain_summaries, guard_message, study_callbacks
+from calibtune.study._scheduling import make_scheduler
 from calibtune.study._trainable import StudyPayload, make_trainable
+from calibtune.study._tunelog import ResultJsonLogger
 from calibtune.studyfile import (
     STUDY_COPY,
     StudyConfig,
@@ -67,10 +71,12 @@ from calibtune.studyfile import (
     StudyDirError,
     StudyState,
     load_study,
+    silence_disk_full_logs,
+    stop_reason,
+    storage_full,
+    tolerate_full_store,
 )
-
-# Lazy: Ray (and `_constrained`, which subclasses a Ray searcher) and `calibtune.trial` (torch)
-# only when a study runs, so that `calibtune dashboard` (`optuna_storage_url`) loads neither.
+from calibtune.trial import check_data_files
 
 __all__ = ["StudyOutcome", "extend_study", "resume_study", "run_study", "study_dir"]
 
@@ -143,8 +149,6 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
 
 
 def _searcher(study: StudyConfig, history: list[Any]) -> Any:
-    from calibtune.cluster import concurrency_limiter
-    from calibtune.study._constrained import ConstrainedOptunaSearch
 
     objs = study.search.objectives
     metric: Any = objs[0].metric if len(objs) == 1 else [o.metric for o in objs]
@@ -175,8 +179,6 @@ def _tuner(
     continue, `extend_study`) over that many more."""
     from ray import tune
 
-    from calibtune.study._scheduling import make_scheduler
-
     objs = study.search.objectives
     single = len(objs) == 1
     return tune.Tuner(
@@ -206,8 +208,6 @@ def _result_log() -> list[Any]:
     loggers (``progress.csv`` and TensorBoard events: the ≈ 200 metrics of every report written
     twice more, and every file of every trial copied again to the storage at each of Tune's
     state saves, issue 29)."""
-    from calibtune.study._tunelog import ResultJsonLogger
-
     return [ResultJsonLogger()]
 
 
@@ -284,8 +284,6 @@ def check_nodes_share(sd: StudyDir, address: str | None) -> None:
     would write where no other node and no `resume` finds them. A local Ray (no ``address``)
     is this machine's one node, which wrote the study's folder already."""
     if address and address != "local":
-        from calibtune.storage import check_nodes_see
-
         check_nodes_see(sd.path, "storage")
 
 
@@ -402,7 +400,6 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
 
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
-    from calibtune.studyfile import silence_disk_full_logs, stop_reason, tolerate_full_store
 
     t0 = time.time()
     retries_note(sd.local_scratch(), payload.tracking_uri, 0)  # forget an earlier session's
@@ -459,8 +456,6 @@ def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) ->
 def _tune(tuner: Any, sd: StudyDir, payload: StudyPayload) -> tuple[Any, dict[str, str]]:
     """``tuner.fit()`` under graceful signal handling: its results (None when the storage filled
     up under Tune) and the signal caught, if any; the parent run is KILLED on anything else."""
-    from calibtune.studyfile import storage_full
-
     with _graceful_signals() as caught, _json_log_only(tuner):
         try:
             return tuner.fit(), caught
@@ -510,15 +505,6 @@ def _ended(results: Any) -> list[tuple[str, dict, dict | None, bool]]:
     return out
 
 
-def optuna_storage_url(study: StudyConfig, sd: StudyDir) -> str:
-    """The study's Optuna RDB storage: ``search.optuna_storage`` (relative SQLite paths against
-    the working directory) or SQLite ``<study folder>/optuna.db`` (for a study in a bucket, in
-    the driver's cache, its copy in the bucket: `calibtune.record._optuna.push_optuna_copy`)."""
-    if study.search.optuna_storage:
-        return resolve_tracking_uri(study.search.optuna_storage)
-    return sqlite_url(study, sd)  # in a bucket: the driver's file wherever Tune unpickles it
-
-
 def _counts(payload: StudyPayload, study: StudyConfig) -> dict[str, int]:
     """Trials per status as MLflow records them (the counters the parent run carries)."""
     statuses = list(
@@ -531,6 +517,4 @@ def _counts(payload: StudyPayload, study: StudyConfig) -> dict[str, int]:
 
 def _check_files(study: StudyConfig) -> None:
     """Fail before any trial starts when the dataset's or an OOD set's files are missing."""
-    from calibtune.trial import check_data_files
-
     check_data_files(study.base_config(), True)

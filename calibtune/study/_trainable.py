@@ -52,8 +52,15 @@ from calibtune.record import (
 from calibtune.storage import open_storage
 from calibtune.studyfile import STATE_FILE, StudyConfig, decode
 
-# Lazy: Ray and `calibtune.trial`/`calibtune.losses` (torch) only inside the trainable, so that
-# `calibtune dashboard` (imports `_search`, which imports this module) loads neither.
+
+def _trial() -> Any:
+    """The trial engine (`calibtune.trial`), for the functions that build, run or read a trial."""
+    # deferred: torch; neither a trial process that only coordinates its seeds nor the driver's
+    # planning imports it
+    from calibtune import trial
+
+    return trial
+
 
 __all__ = [
     "StudyPayload",
@@ -112,7 +119,7 @@ def _this_node() -> str | None:
 
 def trial_dict(study: StudyConfig, sampled: Mapping[str, Any], seed: int, name: str) -> dict:
     """The trial-config mapping for one sampled point (validated by the trial engine)."""
-    from calibtune.trial import apply_overrides
+    apply_overrides = _trial().apply_overrides
 
     label = sampled["loss"]
     choice = study.loss(label)
@@ -186,7 +193,7 @@ def aggregate(per_seed: list[Mapping[str, float]]) -> dict[str, float]:
 
 def failure_reason(exc: BaseException) -> str:
     """One readable line: the trial engine's reason, else the innermost exception's."""
-    from calibtune.trial import TrialFailedError
+    TrialFailedError = _trial().TrialFailedError
 
     if isinstance(exc, TrialFailedError):
         return str(exc).strip().splitlines()[0][:300]
@@ -206,7 +213,7 @@ def _seed_run(
     seed: int,
     extra: list[Any] | None = None,
 ) -> Any:
-    from calibtune import trial as T
+    T = _trial()
 
     study = payload.study
     name = f"{trial_id}-seed{seed}"
@@ -265,7 +272,7 @@ CONFIGS_DIR = ".configs"
 def config_key(cfg: Any) -> str:
     """What makes two seed runs of a study the same training: the resolved trial config, seed
     included, its name left out (sha256 of its canonical JSON)."""
-    from calibtune.trial import config_to_dict
+    config_to_dict = _trial().config_to_dict
 
     d = config_to_dict(cfg)
     d.pop("name", None)
@@ -277,7 +284,7 @@ def finished_twin(trials_dir: str, cfg: Any, name: str) -> tuple[str, Any] | Non
     """Another finished seed run of the study that trained exactly ``cfg`` (the trial folder's
     name and its saved `TrialResult`), else None (also for ``name`` itself: a restored trial's
     own result is the trial engine's to return)."""
-    from calibtune.trial import saved_result
+    saved_result = _trial().saved_result
 
     try:
         twin = (open_storage(trials_dir) / CONFIGS_DIR / config_key(cfg)).read_text().strip()
@@ -420,7 +427,7 @@ def seed_task_options(study: StudyConfig) -> dict[str, Any]:
     opts: dict[str, Any] = {"max_retries": 0, "scheduling_strategy": "DEFAULT", "max_calls": 0}
     if cfg.scaling.num_workers:
         return {**opts, "num_cpus": 0, "memory": DRIVER_RESOURCES["memory"]}
-    from calibtune.trial import worker_bundle
+    worker_bundle = _trial().worker_bundle
 
     bundle = worker_bundle(cfg.scaling)
     custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}

@@ -13,6 +13,7 @@ import hashlib
 import itertools
 import json
 import re
+import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,14 @@ from typing import Any
 from optuna.distributions import CategoricalDistribution
 
 from calibtune._names import check_experiment, check_name
-from calibtune._validate import check_bool, check_float, check_int, check_keys, check_mapping
+from calibtune._validate import (
+    check_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_keys,
+    check_mapping,
+)
 from calibtune._yaml import YamlError, cut, excerpt, load_text, read_text
 from calibtune.metrics import keys as K
 from calibtune.studyfile._constraints import Constraint, parse_constraints
@@ -35,9 +43,15 @@ from calibtune.studyfile._spaces import (
     parse_loss_space,
 )
 
-# Lazy: `calibtune.trial` and `calibtune.posthoc` (torch) only where a trial config is built or
-# checked, so that compare/report/export read a study back without torch
-# (tests/test_cli_imports.py).
+
+def _engine() -> types.SimpleNamespace:
+    """The trial engine and the loss and post-hoc registries (``.trial``, ``.losses``,
+    ``.posthoc``), for the checks that build a trial config from the study."""
+    # deferred: they import torch, and compare/report/export read a study's head without it
+    from calibtune import losses, posthoc, trial
+
+    return types.SimpleNamespace(trial=trial, losses=losses, posthoc=posthoc)
+
 
 SAMPLERS = ("tpe", "random", "grid", "cmaes", "nsga2", "gp")
 SCHEDULERS = ("none", "asha")
@@ -138,17 +152,15 @@ class StudyConfig:
     def base_config(self) -> Any:
         """The validated base trial config (`calibtune.trial.TrialConfig`, placeholder loss):
         what every trial shares — data, model, schedule, evaluation, scaling."""
-        from calibtune.trial import config_from_dict
-
-        return config_from_dict({**self.trial, "loss": {"name": "cross_entropy"}})
+        return _engine().trial.config_from_dict({**self.trial, "loss": {"name": "cross_entropy"}})
 
     def scaling_configs(self) -> list[tuple[str, Any]]:
         """The base trial config at every corner of the searched ``scaling.*`` keys (each
         choice of a categorical, both ends of a range), as ``(which corner, config)``: the
         most a trial of this study may ask of Ray (``("", base_config())`` when none is
         searched). Used to refuse, before a trial starts, a study some trial cannot run in."""
-        from calibtune.trial import apply_overrides, config_from_dict
-
+        engine = _engine().trial
+        apply_overrides, config_from_dict = engine.apply_overrides, engine.config_from_dict
         keys = sorted(k for k in self.space.dists if k.startswith("scaling."))
         base = {**self.trial, "loss": {"name": "cross_entropy"}}
         out = []
@@ -223,10 +235,11 @@ def _check_reported(objectives: Sequence[Any], base: Any, path: str = "objective
     method added to ``eval.epoch_posthoc`` (``trial_dict`` does that), so any registered method
     counts.
     ``base`` is the validated base trial config (`_base_trial`)."""
-    from calibtune.posthoc import list_posthoc
-
     every = dataclasses.replace(
-        base.eval, epoch_posthoc=tuple(list_posthoc()), epoch_shift=True, epoch_selective=True
+        base.eval,
+        epoch_posthoc=tuple(_engine().posthoc.list_posthoc()),
+        epoch_shift=True,
+        epoch_selective=True,
     )
     cfg = base.replace(eval=every)
     reported = cfg.metric_keys(posthoc_params=False)
@@ -385,10 +398,8 @@ def _arm_options(item: Mapping[str, Any], where: str) -> tuple[str, str, int | N
     """An arm's ``reduction``, ``compile`` and ``epochs``, checked as the trial's
     ``loss.reduction``, ``loss.compile`` and ``train.epochs`` are (`_check_arm_epochs` checks
     the epochs against the rest of the trial)."""
-    from calibtune._validate import check_choice, check_int
-    from calibtune.losses import compile_mode
-    from calibtune.trial import LOSS_REDUCTIONS
-
+    engine = _engine()
+    compile_mode, LOSS_REDUCTIONS = engine.losses.compile_mode, engine.trial.LOSS_REDUCTIONS
     try:
         reduction = check_choice(
             item.get("reduction", "mean"), f"{where}.reduction", LOSS_REDUCTIONS
@@ -406,7 +417,7 @@ def _check_arm_epochs(
 ) -> None:
     """An arm's own ``epochs`` must make a valid trial (schedule milestones, warm-up), and a
     scheduler that stops trials at ``train.epochs`` (ASHA's ``max_t``) cannot serve it."""
-    from calibtune.trial import config_from_dict
+    config_from_dict = _engine().trial.config_from_dict
 
     for i, c in enumerate(losses):
         if c.epochs is None:
@@ -426,7 +437,8 @@ def _check_arm_epochs(
 def _trial_space(raw: Any, base_trial: Mapping[str, Any]) -> Space:
     """Searched trial-config keys (``optimizer.lr``, ``eval.n_bins``...), checked by building
     a trial config at both ends of each range."""
-    from calibtune.trial import apply_overrides, config_from_dict
+    engine = _engine().trial
+    apply_overrides, config_from_dict = engine.apply_overrides, engine.config_from_dict
 
     d = _mapping(raw, "space")
     dists = {}
@@ -473,7 +485,7 @@ def _grid_size(losses: Sequence[LossChoice], space: Space) -> int:
 def _base_trial(raw: Any) -> tuple[dict[str, Any], Any]:
     """The shared trial section and the `TrialConfig` it validates to (placeholder loss):
     validated once here, reused by the checks that need it."""
-    from calibtune.trial import config_from_dict
+    config_from_dict = _engine().trial.config_from_dict
 
     trial = dict(_mapping(raw, "trial"))
     if "loss" in trial:

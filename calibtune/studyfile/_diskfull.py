@@ -41,8 +41,6 @@ from calibtune.storage import (
     note_full,
 )
 
-# Imported by the study driver only when a study runs (pyarrow comes with Ray).
-
 __all__ = [
     "StorageFullError",
     "atomic_filesystem",

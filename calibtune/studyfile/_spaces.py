@@ -31,9 +31,14 @@ from calibtune._registry import Param, resolve_params
 from calibtune._validate import check_finite_number
 from calibtune._yaml import YamlError, YamlSyntaxError, cut, excerpt, load_file
 
-# Lazy: `calibtune.losses` (torch) only where a loss search space is checked against the
-# registry, so that `_config` (this module's importer) reads a study for compare/report/export
-# without torch (tests/test_cli_imports.py).
+
+def _losses() -> Any:
+    """The loss registry (`calibtune.losses`), for checking a loss search space against its loss."""
+    # deferred: torch; reading a study's head (compare/report/export) never checks its spaces
+    from calibtune import losses
+
+    return losses
+
 
 SPEC_KEYS = {
     "float": {"type", "low", "high", "step", "log"},
@@ -214,7 +219,7 @@ LOSS_SPACE_KEYS = ("loss", "description", "params")
 
 def parse_loss_space(raw: Any, where: str, path: str | None = None) -> LossSpace:
     """Validate ``{loss: NAME, description: ..., params: {...}}`` against the loss registry."""
-    from calibtune.losses import LOSSES
+    LOSSES = _losses().LOSSES
 
     if not isinstance(raw, Mapping):
         raise SpaceError(
@@ -245,7 +250,7 @@ def _build_each(loss: str, space: Space, where: str) -> None:
     """Construct the loss at each end of every range and each categorical choice (the others
     fixed at their first value), so cross-parameter rules (e.g. FLSD thresholds vs γs, AdaFocal
     update_every) fail here rather than in a running trial."""
-    from calibtune.losses import build_loss
+    build_loss = _losses().build_loss
 
     first = {
         n: decode(d.choices[0]) if isinstance(d, CategoricalDistribution) else d.low

@@ -46,10 +46,9 @@ from calibtune.storage import (
     lease_note,
     open_storage,
 )
-
-# Lazy: `_config` and `_spaces` (Optuna; the registries and torch when a whole study is
-# validated) are imported by the methods that read a study, so that `calibtune --help` stays
-# light (bench/bench_cli.py).
+from calibtune.studyfile._config import head_from_text, study_from_text
+from calibtune.studyfile._diskfull import request_stop
+from calibtune.studyfile._spaces import load_yaml
 
 __all__ = [
     "STATE_FILE",
@@ -230,16 +229,12 @@ class StudyDir:
 
     def read_study(self) -> Any:
         """The study as it was run (`StudyConfig`), re-validated from its saved copy."""
-        from calibtune.studyfile._config import study_from_text
-
         copy = self.path / STUDY_COPY
         return study_from_text(_read(copy), str(copy))
 
     def read_head(self) -> tuple[str, tuple[Any, ...], tuple[Any, ...]]:
         """The study's name, objectives (`Objective`) and constraints (`Constraint`) from its
         saved copy, the rest of it not re-validated (`read_study` does that)."""
-        from calibtune.studyfile._config import head_from_text
-
         copy = self.path / STUDY_COPY
         return head_from_text(_read(copy), str(copy))
 
@@ -272,8 +267,6 @@ class StudyDir:
     def _lock_lost(self, reason: str) -> None:
         """The lease of the study's lock in a bucket was lost: stop the study the graceful way
         a full disk stops it (state saved, one line, exit 75), before anyone else can take it."""
-        from calibtune.studyfile._diskfull import request_stop
-
         request_stop(
             self.path,
             f"study {self.name}: {reason}; the study stopped with its state saved: once no other "
@@ -354,8 +347,6 @@ def _is_tuner_pickle(path: Storage) -> bool:
 
 def self_contained(study: Any) -> str:
     """The study's YAML with its search-space files inlined (``name`` + ``params``)."""
-    from calibtune.studyfile._spaces import load_yaml
-
     raw = load_text(study.text, "study")
     for i, item in enumerate(raw.get("losses") or []):
         if isinstance(item, dict) and isinstance(item.get("space"), str):

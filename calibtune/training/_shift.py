@@ -25,13 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from calibtune import data as D
 from calibtune import metrics as M
 from calibtune.metrics import keys as K
 from calibtune.posthoc import build_posthoc
-
-# Lazy: `calibtune.data` (torchvision, scipy: slow to import even after torch, by
-# `python -X importtime`) only where shift sets are loaded, so that `import calibtune.training`
-# (report --baseline) does not pay for it.
 
 __all__ = ["UNCALIBRATED", "ShiftLogits", "epoch_val_shift", "shift_logits", "shift_metrics"]
 
@@ -120,8 +117,6 @@ def shift_logits(
     the OOD set's default corruption (``digits_noise/s3`` is ``shift/digits_noise/s3``);
     ``sides``: which of `K.SHIFT_SPLITS` to evaluate.
     """
-    from calibtune import data as D
-
     done = {o.key: o.logits for o in reuse}
     out = []
     for name in names:

@@ -164,6 +164,7 @@ def _write(
     # per-sample test confidence/correctness per method: what `report --baseline` resamples
     np.savez_compressed(art / "test_predictions.npz", **final.predictions)
     if cfg.eval.figures and figures:
+        # matplotlib: a study's trial defers its figures to the driver (test_deferred_figures)
         from calibtune.plots import save_trial_figures
 
         save_trial_figures(art)

@@ -39,6 +39,7 @@ from calibtune._yaml import cut, excerpt, load_file, load_text
 from calibtune.losses import LOSSES, compile_mode
 from calibtune.metrics import keys as K
 from calibtune.trial._metrics import epoch_shift_sets, metric_keys
+from calibtune.trial._placement import worker_bundle
 
 __all__ = [
     "LOSS_REDUCTIONS",
@@ -487,8 +488,6 @@ def _check_loader_cpus(cfg: TrialConfig) -> None:
     ``train.loader_workers`` processes beside the trial's own, all inside the trial's Ray bundle
     (`worker_bundle`): refused when ``loader_workers + 1`` exceeds its CPUs, so Ray never packs
     more decoding processes on a node than it has counted (in-memory sets: not checked)."""
-    from calibtune.trial._placement import worker_bundle
-
     if not _d.dataset_streams(cfg.data.name):
         return
     cpus = worker_bundle(cfg.scaling).get("CPU", 1.0)

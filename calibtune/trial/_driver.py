@@ -39,7 +39,7 @@ from calibtune._raysettings import apply_train_env, train_runtime_env
 from calibtune.data import DatasetNotFoundError
 from calibtune.metrics import keys as K
 from calibtune.storage import Storage, StorageError, open_storage
-from calibtune.training import NonFiniteLossError
+from calibtune.training import NonFiniteLossError, cuda_unavailable_reason
 from calibtune.trial._artifacts import jsonable, staged_copy
 from calibtune.trial._config import TrialConfig, config_from_dict, config_to_dict
 from calibtune.trial._errors import TrialStepError
@@ -116,8 +116,6 @@ def local_machine() -> tuple[dict[str, float], str]:
 
 
 def _no_cuda_here() -> str:
-    from calibtune.training import cuda_unavailable_reason
-
     return cuda_unavailable_reason() or "torch sees no CUDA device"
 
 
