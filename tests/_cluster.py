@@ -10,6 +10,7 @@ so nothing is read from or written to ``~/.ray``.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -30,6 +31,8 @@ RAY = str(Path(sys.executable).parent / "ray")
 #: failed test phases of this pytest process so far (counted by `tests/conftest.py`): a cluster
 #: stopped after one of its tests failed keeps its nodes' Ray logs
 FAILURES = [0]
+#: a killed node is declared dead after ~3 failed 0.5 s health checks instead of ~15 s
+FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
 
 
 def ray_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -96,6 +99,8 @@ class Cluster:
     nodes: list[Node] = field(default_factory=list)
     token: str = field(default_factory=lambda: secrets.token_hex(32))  # Ray's own token format
     failures_at_start: int = field(default_factory=lambda: FAILURES[0])
+    #: custom resources of every node this cluster starts (``ray start --resources``)
+    resources: dict[str, float] = field(default_factory=dict)
 
     def client_env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         """Environment for a process that talks to this cluster (``ray``, ``calibtune``)."""
@@ -116,6 +121,8 @@ class Cluster:
         # Ray's fixed default (52365) is taken by any other Ray on the machine (another node of
         # this cluster, a local study): its job agent would then never serve (no job can start)
         common += ["--dashboard-agent-listen-port", str(free_port())]
+        if self.resources and "--resources" not in args:
+            common += ["--resources", json.dumps(self.resources)]
         argv = [RAY, "start", "--block", "--disable-usage-stats", "--temp-dir", tmp, *common]
         argv = [*argv, "--node-ip-address", "127.0.0.1", *args]
         if private_mount:  # the node sees its own empty tmpfs there (as root: `unshare -m`)
@@ -180,10 +187,16 @@ class Cluster:
         self.nodes.clear()
 
 
-def start_cluster(logs: Path, nodes: int, num_cpus: int, env: dict[str, str] | None = None):
-    """Head plus ``nodes - 1`` worker nodes, each with ``num_cpus`` CPUs (stop it with
-    `Cluster.stop`, also when starting failed half-way)."""
-    cluster = Cluster(logs, num_cpus, dict(env or {}))
+def start_cluster(
+    logs: Path,
+    nodes: int,
+    num_cpus: int,
+    env: dict[str, str] | None = None,
+    resources: dict[str, float] | None = None,
+):
+    """Head plus ``nodes - 1`` worker nodes, each with ``num_cpus`` CPUs and ``resources``
+    (stop it with `Cluster.stop`, also when starting failed half-way)."""
+    cluster = Cluster(logs, num_cpus, dict(env or {}), resources=dict(resources or {}))
     try:
         cluster.start_head()
         for n in range(2, nodes + 1):
@@ -192,3 +205,39 @@ def start_cluster(logs: Path, nodes: int, num_cpus: int, env: dict[str, str] | N
         cluster.stop()
         raise
     return cluster
+
+
+class SharedCluster:
+    """The `two_nodes` cluster of `tests/conftest.py`: two nodes of 2 CPUs and one ``node_slot``
+    each (`FAST_HEALTH`), started by the first test that asks for it and stopped after the last
+    test of its work unit, so that the tests of several files pay for one start-up."""
+
+    def __init__(self) -> None:
+        self.cluster: Cluster | None = None
+
+    def get(self, logs: Path) -> Cluster:
+        """The running cluster (started in ``logs`` if none runs); a worker node that a test
+        killed (its ``ray start --block`` has exited) is replaced by a fresh one first."""
+        if self.cluster is not None and self.cluster.nodes[0].proc.poll() is not None:
+            self.stop()  # the head is gone: a fresh cluster
+        if self.cluster is None:
+            self.cluster = start_cluster(logs, 2, 2, FAST_HEALTH, {"node_slot": 1})
+            return self.cluster
+        for i, node in enumerate(list(self.cluster.nodes)):
+            if i > 0 and node.proc.poll() is not None:
+                self.cluster.nodes.remove(node)
+                node.stop()
+                fresh = self.cluster.add_node(expect=len(self.cluster.nodes) + 1)
+                self.cluster.nodes.remove(fresh)
+                self.cluster.nodes.insert(i, fresh)
+        return self.cluster
+
+    def stop(self) -> None:
+        """Stop the cluster if one runs (`Cluster.stop`: its logs kept after a failure)."""
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+
+#: the one `SharedCluster` of this pytest process (`two_nodes` in `tests/conftest.py`)
+SHARED = SharedCluster()

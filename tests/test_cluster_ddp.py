@@ -1,11 +1,12 @@
 """The path every paper study takes, on a real two-node cluster: a study whose trials drive two
 Ray Train workers each (DDP over gloo), placed on different nodes, then processes killed under it.
 
-One cluster for the module (`tests/_cluster.py`: `ray start --head` + `ray start --address`, two
-CPUs per node, so a trial's two 1-CPU workers fit on one node each, the Tune trial itself holding
-no CPU). Every study runs as users run it: ``calibtune run STUDY --address HOST:PORT`` in a
-subprocess. What is checked comes from MLflow (tags, metric histories) and the trials' own
-``workers.json`` (where each rank ran). The raylet test runs last: it takes the second node down.
+One cluster for the module and `tests/test_cluster.py` (`two_nodes`, `tests/_cluster.py`:
+`ray start --head` + `ray start --address`, two CPUs per node, so a trial's two 1-CPU workers
+fit on one node each, the Tune trial itself holding no CPU). Every study runs as users run it:
+``calibtune run STUDY --address HOST:PORT`` in a subprocess. What is checked comes from MLflow
+(tags, metric histories) and the trials' own ``workers.json`` (where each rank ran). The raylet
+test runs last: it takes the second node down (a later user of `two_nodes` gets a fresh one).
 """
 
 from __future__ import annotations
@@ -22,20 +23,16 @@ from typing import Any
 
 import pytest
 import yaml
-from _cluster import Cluster, start_cluster
+from _cluster import Cluster
 from mlflow.tracking import MlflowClient
 
 pytestmark = [pytest.mark.slow]
 EXPERIMENT = "calibtune-ddp-cluster"
-# a killed node is declared dead after ~3 failed 0.5 s health checks instead of ~15 s
-FAST_HEALTH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "3"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = start_cluster(tmp_path_factory.mktemp("cluster_logs"), nodes=2, num_cpus=2, env=FAST_HEALTH)
-    yield c
-    c.stop()
+@pytest.fixture
+def cluster(two_nodes: Cluster) -> Cluster:
+    return two_nodes
 
 
 def _study(
@@ -277,6 +274,8 @@ def _placed(tmp: Path, study: str, proc: subprocess.Popen) -> dict[str, str]:
     raise AssertionError(f"no two trials at epoch 2 in 420 s ({seen}):\n{_log(tmp)}")
 
 
+# `long`: a node lost mid-trial stays in `make test` (test_second_nodes_raylet_killed_mid_trial_…)
+@pytest.mark.long
 @pytest.mark.timeout(900)  # a bound: 10 min measured at load 20 on the shared 2-core machine
 def test_preempted_node_killed_mid_trial_retried_on_the_other(
     cluster: Cluster, tmp_path: Path

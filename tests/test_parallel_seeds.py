@@ -112,6 +112,9 @@ def test_auto_concurrency_reads_the_cluster(ray_session):
     assert slot_usage(study) == (0, cpus)
 
 
+# `long`: a training process killed mid-trial and retried from its checkpoint stays in `make test`
+# as test_cluster_ddp.py::test_study_trials_span_two_nodes_and_survive_a_worker_sigkill
+@pytest.mark.long
 def test_a_seed_whose_process_dies_is_retried_with_its_trial(tmp_path):
     """SIGKILL one seed's process mid-training: the trial is retried (``max_failures``, default
     3), the other seed's finished result is kept, the killed one resumes from its checkpoint,

@@ -192,7 +192,10 @@ def _one_epoch_copy(path: Path, tmp: Path) -> Path:
     return out
 
 
+# `long`: `make results` runs these studies in full and renders the page from them; the rendering
+# from hand-made numbers stays in `make test` (test_summary_renders_hand_made_numbers_...)
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(600)
 def test_results_studies_run_at_one_epoch_and_render(tmp_path, ray_session):
     from calibtune.study import load_study, run_study

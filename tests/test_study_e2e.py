@@ -202,6 +202,10 @@ def _finished_children(uri: str, exp_name: str) -> list:
     ]
 
 
+# `long`: SIGINT and SIGTERM stop a study through one handler (`calibtune.study._search`); a
+# graceful stop + resume stays in `make test` as
+# test_faults.py::test_second_driver_refused_sigterm_stops_cleanly_and_resume_finishes
+@pytest.mark.long
 def test_interrupted_study_resumes_without_duplicates(tmp_path):
     path = _study(tmp_path, "e2e_resume", num_samples=4, epochs=3)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -104,6 +104,9 @@ def test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals(
     assert after["study/sessions"] == 2
 
 
+# `long`: a reused result stays in `make test` as
+# test_a_repeated_configuration_reuses_the_result_and_resume_keeps_the_totals
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_with_several_seeds_each_seed_run_and_the_trial_run_say_they_reused(tmp_path):
     _write_study(tmp_path, "seeds", [1, 2])
