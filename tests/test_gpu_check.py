@@ -31,6 +31,9 @@ def test_without_a_gpu_it_says_it_needs_one_and_exits_0():
     )
 
 
+# `long`: `make gpu-check-dry` runs these steps; the verdict rules and each step's failure
+# stay in `make test` (tests/test_gpu_check_verdicts.py, tests/test_gpu_check_steps.py)
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_steps_without_ray_run_green_on_the_cpu_with_tiny_data(tmp_path):
     """Local trials with OOD and TS, a checkpoint resumed with another device, compile on/off

@@ -12,6 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# `long`: `make load` runs the same load study at 200 trials (bench/README.md)
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_load_study_small_version(tmp_path):

@@ -93,6 +93,9 @@ def _createdb() -> str:
     return found if isinstance(found, str) else found[-1]
 
 
+# `long`: submitting a study to a fresh two-node cluster stays in `make test`
+# (test_cluster.py::test_submit_study_to_two_node_cluster); the block's commands are checked above
+@pytest.mark.long
 def test_every_command_of_the_readme_cluster_section_runs(tmp_path) -> None:
     if not PG_URL:
         if os.environ.get("CI"):

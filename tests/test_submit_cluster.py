@@ -34,6 +34,9 @@ STUDY = {
 }
 
 
+# `long`: the per-node version check stays in `make test` against a stubbed node
+# (tests/test_node_check.py) and a two-node cluster runs trials (test_cluster.py)
+@pytest.mark.long
 def test_a_node_with_another_package_version_is_refused_before_the_first_trial(tmp_path):
     shadow = tmp_path / "shadow" / "optuna-0.0.1.dist-info"
     shadow.mkdir(parents=True)

@@ -17,7 +17,10 @@ from calibtune.cli import main
 from calibtune.study import load_study, locate_study, run_study, trials_frame
 from tests.test_text_newsgroups import write_glove, write_newsgroups
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# `long`: the text networks train end to end in `make test` (tests/test_text_newsgroups.py,
+# tests/test_sst_treelstm.py) and `report` renders the papers' table of a study there
+# (tests/test_paired_report.py)
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600)]
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "studies" / "mukhoti2020_focal_20newsgroups.yaml"
 #: the columns `report` gives an image study with temperature scaling and no OOD set
