@@ -32,13 +32,16 @@ format: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # The full suite, slow tests included (CI runs exactly this): the fast tests, then the slow ones
-# (real Ray clusters, killed drivers, browsers), each part on two pytest-xdist workers sharing out
+# (real Ray clusters, killed drivers, browsers), each part on three pytest-xdist workers sharing out
 # the work units of tests/conftest.py (longest first), then the few `serial` tests (wall-clock
 # bounds; Ray's fake autoscaler, whose `ray stop` ends every Ray) alone in one process. Every
 # part runs even if an earlier one fails; the exit status is non-zero if any did.
 # `make test XDIST=` runs it all in one process.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
-XDIST := -n 2 --dist loadgroup --no-loadscope-reorder
+# Three workers on two cores: the suite waits on Ray start-ups, subprocesses and servers, and a
+# third worker fills those waits (slow part 11.9 min with 3 workers, about 13 min with 2;
+# bench/README.md).
+XDIST := -n 3 --dist loadgroup --no-loadscope-reorder
 
 test: lint
 	rc=0; \

@@ -1,5 +1,5 @@
 """Shared, general fixtures: one small Ray instance per test session (only if a test asks), and
-how `make test` shares the suite out to two pytest-xdist workers (`-n 2 --dist loadgroup`)."""
+how `make test` shares the suite out to pytest-xdist workers (`-n 3 --dist loadgroup`)."""
 
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ SERIAL = {
 }
 
 
-# The longest units first, so that the two workers end together: the two `ray_session` units
+# The longest units first, so that the workers end together: the two `ray_session` units
 # (each must be the first on its worker: a `ray_down` test before it would have stopped the Ray
 # its session fixture keeps), then by the durations of a loaded two-worker run (2026-12-02,
 # seconds there, about twice an idle box's): the cluster unit ~690, the two `ray_session` units

@@ -1,4 +1,4 @@
-"""The tables in tests/conftest.py that share the suite out to `make test`'s two xdist workers
+"""The tables in tests/conftest.py that share the suite out to `make test`'s xdist workers
 name files and tests that exist (a renamed test would silently leave the `serial` part)."""
 
 from __future__ import annotations

@@ -100,6 +100,9 @@ class _CrashOnce:
         pass
 
 
+# `long`: a killed worker resumed from its checkpoint stays in `make test` on a cluster
+# (test_cluster_ddp.py::test_study_trials_span_two_nodes_and_survive_a_worker_sigkill)
+@pytest.mark.long
 def test_worker_failure_resumes_from_checkpoint(tmp_path: Path, local_ref: Any) -> None:
     # reference: the same training function uninterrupted in local mode (world size 1 as well)
     ref = local_ref
