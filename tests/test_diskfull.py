@@ -20,14 +20,14 @@ from types import SimpleNamespace
 import pyarrow.fs as pafs
 import pytest
 
-from calibtune.storage import _local as L
+from calibtune.storage import _atomic as A
 from calibtune.studyfile import _diskfull as D
 
 
 @pytest.fixture(autouse=True)
 def _fresh_state():
     yield
-    L._FULL.clear()
+    A._FULL.clear()
     D._STOPPED.clear()
 
 
@@ -256,6 +256,6 @@ def test_a_checkpoint_write_on_a_full_disk_raises_the_disk_full_error(tmp_path, 
         save_tensors({"x": torch.arange(50_000.0)}, path)
     monkeypatch.undo()
     assert err.value.errno == errno.ENOSPC and D.disk_full_text(str(err.value))
-    assert L.full_paths(tmp_path) == [str(path)]
+    assert A.full_paths(tmp_path) == [str(path)]
     assert sorted(p.name for p in path.parent.iterdir()) == ["state.pt"]
     assert torch.load(path, weights_only=True)["x"].tolist() == [0.0, 0.0, 0.0]

@@ -29,7 +29,6 @@ def _names(names: list[str], prepared: bool = False) -> list[str]:
 
 
 def fetch_sets(args: argparse.Namespace) -> int:
-
     for name in _names(args.names):
         try:
             done = fetch(name, args.root, mirror=args.mirror, stream=sys.stderr)
@@ -40,7 +39,6 @@ def fetch_sets(args: argparse.Namespace) -> int:
 
 
 def verify_sets(args: argparse.Namespace) -> int:
-
     names = _names(args.names, prepared=True) if args.names else list(DATA_SETS)
     bad = 0
     for name in names:

@@ -14,7 +14,6 @@ __all__ = ["logs", "status", "submit"]
 
 
 def submit(args: argparse.Namespace) -> int:
-
     with usage(args.study):
         study = load_study(args.study)
         spec = submission(

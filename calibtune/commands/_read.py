@@ -42,7 +42,6 @@ def _finished_study(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def compare(args: argparse.Namespace) -> int:
-
     with usage():
         ref, trials = _finished_study(args)
         metrics = [m.strip() for m in args.metrics.split(",")] if args.metrics else None
@@ -59,7 +58,6 @@ def _data_note(trials: Any) -> None:
 
 
 def report(args: argparse.Namespace) -> int:
-
     with usage():
         out = check_out_file(args.out, "--out") if args.out else None
         ref, trials = _finished_study(args)
@@ -88,7 +86,6 @@ def report(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-
     with usage():
         if args.top < 1:
             raise ValueError(f"--top: expected an integer >= 1, got {args.top}")

@@ -38,7 +38,6 @@ def _at_a_time(n: int | str) -> str:
 
 
 def _print_outcome(outcome: Any) -> None:
-
     ref = locate_study(outcome.storage)
     table = compare_table(ref)
     c = outcome.counts
@@ -103,7 +102,6 @@ def _exit_code(outcome: Any, command: str = "run") -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-
     with usage(args.study):
         if args.study_env:
             study = study_from_text(os.environ[args.study_env], f"submitted {args.study_env}")
@@ -135,7 +133,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-
     with usage():
         preflight_resume(args.study, address=args.address, storage=args.storage)
         outcome = resume_study(

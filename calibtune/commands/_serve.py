@@ -39,7 +39,6 @@ def ui(args: argparse.Namespace) -> int:
 
 
 def dashboard(args: argparse.Namespace) -> int:
-
     with usage():
         p = Path(args.study)
         if p.is_file() and p.suffix in (".yaml", ".yml"):

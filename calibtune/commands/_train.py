@@ -132,7 +132,6 @@ def _check_fetched(cfg: Any) -> None:
 
 
 def train(args: argparse.Namespace) -> int:
-
     overrides = list(args.overrides)
     if args.num_workers is not None:
         if args.num_workers < 0:

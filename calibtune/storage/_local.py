@@ -17,8 +17,7 @@ from typing import Any
 from pyarrow import PythonFile
 from pyarrow.fs import FileSystemHandler, LocalFileSystem, PyFileSystem
 
-# the notes' set too: tests/test_diskfull.py clears it through this module
-from calibtune.storage._atomic import _FULL, AtomicWriter, full_paths  # noqa: F401
+from calibtune.storage._atomic import AtomicWriter
 
 __all__ = ["AtomicLocalHandler", "atomic_filesystem"]
 

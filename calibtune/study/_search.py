@@ -149,7 +149,6 @@ def _open_parent(study: StudyConfig, sd: StudyDir, uri: str) -> StudyPayload:
 
 
 def _searcher(study: StudyConfig, history: list[Any]) -> Any:
-
     objs = study.search.objectives
     metric: Any = objs[0].metric if len(objs) == 1 else [o.metric for o in objs]
     mode: Any = objs[0].mode if len(objs) == 1 else [o.mode for o in objs]
@@ -400,7 +399,6 @@ def _graceful_signals() -> Iterator[dict[str, str]]:
 
 
 def _fit(tuner: Any, study: StudyConfig, sd: StudyDir, payload: StudyPayload) -> StudyOutcome:
-
     t0 = time.time()
     retries_note(sd.local_scratch(), payload.tracking_uri, 0)  # forget an earlier session's
     watch_retries(sd.local_scratch())  # one line at the end, not urllib3's per retried request
